@@ -1,0 +1,53 @@
+"""The exception tree of clustersim.
+
+Every error a user can cause is a :class:`SimulatorError`. Bad input (a malformed file, an unknown key,
+an impossible value) is a :class:`SpecError`; a well-formed plan that cannot run (a degree that does not
+divide, a stage that does not fit in memory when the caller asked for an exception) is an
+:class:`InfeasiblePlanError`; problems with measured data or fitted tables are :class:`CalibrationError`.
+Messages say where (file and key path), what rule was broken, the offending value and the fix, so the CLI
+can print them verbatim after ``error:`` without a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CalibrationError",
+    "InfeasiblePlanError",
+    "SimulatorError",
+    "SpecError",
+]
+
+
+class SimulatorError(Exception):
+    """Base class of every error clustersim raises on purpose."""
+
+
+class SpecError(SimulatorError, ValueError):
+    """An input file, mapping or argument breaks a rule.
+
+    Parameters
+    ----------
+    where : str
+        File and key path, e.g. ``models/gpt3.yaml: layers`` or ``--tp``.
+    what : str
+        The rule and the offending value, e.g. ``'tp' must divide 'heads': tp=6, heads=64``.
+    fix : str, optional
+        What the user should do instead.
+    """
+
+    def __init__(self, where: str, what: str, fix: str = "") -> None:
+        self.where = where
+        self.what = what
+        self.fix = fix
+        text = f"{where}: {what}" if where else what
+        if fix:
+            text = f"{text}; {fix}"
+        super().__init__(text)
+
+
+class InfeasiblePlanError(SimulatorError):
+    """A well-formed plan that cannot run on the given model and cluster."""
+
+
+class CalibrationError(SimulatorError):
+    """Measured data that cannot be read, or a calibration table that cannot be built or used."""

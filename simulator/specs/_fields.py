@@ -1,0 +1,253 @@
+"""Typed, path-tagged reading of a parsed mapping.
+
+A :class:`Fields` wraps one mapping from a YAML file (or a ``config.json``, or CLI overrides) and hands out
+typed values. Every failure raises :class:`~simulator.errors.SpecError` naming the file, the key path, the
+value, the rule and a fix; :meth:`Fields.done` rejects keys nobody asked for, suggesting the closest known
+key. Specs are built through these readers by named constructors (``ModelSpec.from_mapping``), never by
+``Spec(**yaml)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+from simulator.errors import SpecError
+
+__all__ = ["MISSING", "Fields", "did_you_mean"]
+
+T = TypeVar("T")
+
+_NUMBER_TEXT = re.compile(r"^\s*[-+]?(\d[\d_]*)?\.?\d*([eE][-+]?\d+)?\s*$")
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class Fields:
+    """Typed access to one mapping, with the file and key path used in every error.
+
+    Parameters
+    ----------
+    data : Mapping
+        The mapping to read.
+    where : str
+        The file (or other source) the mapping came from.
+    prefix : str
+        Key path of this mapping inside the file (``""`` at top level).
+
+    Examples
+    --------
+    >>> f = Fields({"layers": 2}, "m.yaml")
+    >>> f.integer("layers", minimum=1)
+    2
+    """
+
+    def __init__(self, data: Any, where: str, prefix: str = "") -> None:
+        if not isinstance(data, Mapping):
+            raise SpecError(
+                self._join(where, prefix),
+                f"expected a mapping of keys to values, got {_kind(data)}",
+                "write 'key: value' lines",
+            )
+        self.data: Mapping[str, Any] = data
+        self.where = where
+        self.prefix = prefix
+        self.used: set[str] = set()
+
+    @staticmethod
+    def _join(where: str, path: str) -> str:
+        return f"{where}: {path}" if path else where
+
+    def path(self, key: str) -> str:
+        """Full key path of ``key`` inside the file."""
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def at(self, key: str) -> str:
+        """``file: key.path`` for error messages."""
+        return self._join(self.where, self.path(key))
+
+    def error(self, key: str, what: str, fix: str = "") -> SpecError:
+        """A SpecError located at ``key``."""
+        return SpecError(self.at(key), what, fix)
+
+    def has(self, key: str) -> bool:
+        """Whether the key is present with a non-null value."""
+        return self.data.get(key) is not None
+
+    def raw(self, key: str, default: Any = MISSING) -> Any:
+        """The raw value of ``key``, or ``default`` when absent or null."""
+        self.used.add(key)
+        value = self.data.get(key)
+        if value is None:
+            if default is MISSING:
+                raise self.error(key, "is required but missing", f"add '{key}: ...'")
+            return default
+        return value
+
+    def integer(
+        self, key: str, default: Any = MISSING, *, minimum: int | None = None, maximum: int | None = None
+    ) -> Any:
+        """An integer (``True``/``False`` are refused; ``4.0`` is accepted as 4)."""
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"must be a whole number, got {_show(value)}", _number_fix(value))
+        _check_range(self, key, value, minimum, maximum)
+        return value
+
+    def number(
+        self,
+        key: str,
+        default: Any = MISSING,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        positive: bool = False,
+    ) -> Any:
+        """A finite real number (ints accepted)."""
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(key, f"must be a number, got {_show(value)}", _number_fix(value))
+        value = float(value)
+        if not math.isfinite(value):
+            raise self.error(key, f"must be finite, got {value}", "write a finite number")
+        if positive and value <= 0:
+            raise self.error(key, f"must be > 0, got {_fmt(value)}", "write a positive number")
+        _check_range(self, key, value, minimum, maximum)
+        return value
+
+    def boolean(self, key: str, default: Any = MISSING) -> Any:
+        """``true`` or ``false``."""
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {_show(value)}", "write true or false")
+        return value
+
+    def text(self, key: str, default: Any = MISSING) -> Any:
+        """A non-empty string."""
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(key, f"must be a non-empty text, got {_show(value)}", "write a name in quotes")
+        return value
+
+    def choice(self, key: str, choices: Iterable[str], default: Any = MISSING) -> Any:
+        """One of ``choices`` (case-insensitive; ``-`` and ``_`` are equivalent)."""
+        options = tuple(choices)
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        normal = str(value).strip().lower().replace("-", "_") if isinstance(value, str | int) else None
+        for option in options:
+            if normal == option.lower().replace("-", "_"):
+                return option
+        hint = did_you_mean(str(value), options) if isinstance(value, str) else ""
+        raise self.error(key, f"must be one of {', '.join(options)}; got {_show(value)}{hint}", "pick one of those")
+
+    def int_list(self, key: str, default: Any = MISSING, *, minimum: int | None = None) -> Any:
+        """A list of integers."""
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list of whole numbers, got {_show(value)}", "write [1, 2, 3]")
+        out: list[int] = []
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise self.error(f"{key}[{i}]", f"must be a whole number, got {_show(item)}", _number_fix(item))
+            if minimum is not None and item < minimum:
+                raise self.error(f"{key}[{i}]", f"must be >= {minimum}, got {item}", f"use values >= {minimum}")
+            out.append(item)
+        return tuple(out)
+
+    def number_list(self, key: str, default: Any = MISSING) -> Any:
+        """A list of finite numbers."""
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        if not isinstance(value, list):
+            raise self.error(key, f"must be a list of numbers, got {_show(value)}", "write [0.5, 0.7]")
+        out: list[float] = []
+        for i, item in enumerate(value):
+            if isinstance(item, bool) or not isinstance(item, int | float) or not math.isfinite(item):
+                raise self.error(f"{key}[{i}]", f"must be a finite number, got {_show(item)}", _number_fix(item))
+            out.append(float(item))
+        return tuple(out)
+
+    def sub(self, key: str, default: Any = MISSING) -> Any:
+        """The nested mapping under ``key`` as a :class:`Fields` (or ``default`` when absent)."""
+        value = self.raw(key, default)
+        if value is default and default is not MISSING:
+            return default
+        return Fields(value, self.where, self.path(key))
+
+    def done(self, *, ignore: Iterable[str] = ()) -> None:
+        """Reject keys that were never read, suggesting the closest known key."""
+        known = self.used | set(ignore)
+        for key in self.data:
+            if key not in known:
+                hint = did_you_mean(str(key), sorted(known))
+                raise self.error(
+                    str(key),
+                    f"unknown key{hint}",
+                    f"remove it or use one of: {', '.join(sorted(known))}",
+                )
+
+
+def _check_range(f: Fields, key: str, value: float, lo: float | None, hi: float | None) -> None:
+    if lo is not None and value < lo:
+        raise f.error(key, f"must be >= {_fmt(lo)}, got {_fmt(value)}", f"use a value of at least {_fmt(lo)}")
+    if hi is not None and value > hi:
+        raise f.error(key, f"must be <= {_fmt(hi)}, got {_fmt(value)}", f"use a value of at most {_fmt(hi)}")
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a text", int: "a number", float: "a number", bool: "true/false"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return f"the text {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return repr(value)
+
+
+def _number_fix(value: Any) -> str:
+    if isinstance(value, str) and _NUMBER_TEXT.match(value) and any(c.isdigit() for c in value):
+        return (
+            "YAML reads exponent notation without a dot (like 989e12) as text: write the plain number, "
+            "using the unit in the key name (989 for peak_tflops_bf16)"
+        )
+    return "write a plain number without quotes"

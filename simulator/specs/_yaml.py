@@ -1,0 +1,67 @@
+"""Strict YAML reading.
+
+PyYAML, left to itself, lets a duplicate key silently overwrite the first one and reads ``989e12`` as the
+*string* ``'989e12'`` (YAML 1.1 floats need a dot). Both turn a typo into a silently wrong simulation, so
+this loader rejects duplicate keys with both line numbers, and the field readers in :mod:`._fields` reject
+numbers written as strings. Files are read once, when a spec is built; nothing here is on a hot path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.errors import SpecError
+
+__all__ = ["load_yaml_file", "load_yaml_text"]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader whose mappings refuse duplicate keys."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise SpecError(
+                f"line {line}",
+                f"duplicate key {key!r} (first defined on line {seen[key]})",
+                "keep one of them",
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml_text(text: str, where: str) -> Any:
+    """Parse YAML text strictly; errors name ``where`` (usually the file)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
+    except SpecError as err:
+        raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(f"{where}: {at}", f"not valid YAML ({problem})", "fix the syntax") from None
+
+
+def load_yaml_file(path: Path) -> Any:
+    """Read and parse a YAML file strictly."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(str(path), "file not found", "check the path") from None
+    except IsADirectoryError:
+        raise SpecError(str(path), "is a directory, not a file", "name a YAML file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(str(path), f"cannot be read ({err.__class__.__name__}: {err})", "check the file") from None
+    return load_yaml_text(text, str(path))

@@ -1,0 +1,245 @@
+"""Calibration tables: measured efficiency of kernels and bandwidth of collectives on one device type.
+
+A table is *data fitted from kernel-level measurements* (our own profiler, or imported public profiles);
+it never contains end-to-end step times. Compute curves give achieved/peak efficiency against log10 of the
+problem size (FLOPs for GEMMs and attention, bytes moved for memory-bound kernels). Collective curves give
+the NCCL *bus bandwidth* (nccl-tests' ``busbw``) against log2 of the message size, for a group size and a
+scope (``nvlink``: inside one NVLink domain; ``network``: across nodes). Lookups interpolate linearly in
+those log coordinates and hold the end values flat outside the measured range, so a table never
+extrapolates a trend it has not seen.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.specs._fields import Fields
+from simulator.units import GB
+
+__all__ = [
+    "AXES",
+    "COLLECTIVES",
+    "COMPUTE_OPS",
+    "SCOPES",
+    "BandwidthCurve",
+    "CalibrationTable",
+    "EfficiencyCurve",
+    "interp",
+]
+
+COMPUTE_OPS = ("gemm", "attention", "memory")
+AXES = ("size", "ideal_seconds")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+SCOPES = ("nvlink", "network")
+
+
+def interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """Piecewise-linear interpolation, flat outside ``[xs[0], xs[-1]]``.
+
+    >>> interp((0.0, 1.0), (10.0, 20.0), 0.25)
+    12.5
+    """
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, x)
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _check_axis(f: Fields, key: str, xs: tuple[float, ...], ys: tuple[float, ...], ykey: str) -> None:
+    if len(xs) < 1 or len(xs) != len(ys):
+        raise f.error(ykey, f"must have as many values as {key}: {len(ys)} vs {len(xs)}", "give one value per point")
+    if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+        raise f.error(key, "must be strictly increasing", "sort the points and merge duplicates")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EfficiencyCurve:
+    """Achieved fraction of peak against log10 of the problem size, for one op class and precision.
+
+    With ``axis: size`` the x coordinate is log10 of FLOPs (gemm, attention) or bytes moved (memory), as
+    measured on one device. With ``axis: ideal_seconds`` it is log10 of the time the op would take at the
+    device's peak (size / peak): the form used for default curves that transfer between devices, since
+    small kernels are limited by fixed launch and ramp-up latencies rather than by their size.
+    """
+
+    op: str
+    precision: str
+    log10_size: tuple[float, ...]
+    efficiency: tuple[float, ...]
+    axis: str = "size"
+    samples: int = 0
+    source: str = ""
+
+    def at(self, size: float, peak: float = 1.0) -> float:
+        """Efficiency at problem size ``size`` (FLOPs or bytes); ``peak`` converts for the ideal-seconds axis."""
+        x = size / peak if self.axis == "ideal_seconds" else size
+        return interp(self.log10_size, self.efficiency, math.log10(max(x, 1e-30)))
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> EfficiencyCurve:
+        """Build from one entry of ``compute:``."""
+        xs = f.number_list("log10_size")
+        ys = f.number_list("efficiency")
+        _check_axis(f, "log10_size", xs, ys, "efficiency")
+        for i, y in enumerate(ys):
+            if not 0 < y <= 1.0:
+                raise f.error(f"efficiency[{i}]", f"must be in (0, 1], got {y}", "efficiency is achieved / peak")
+        spec = cls(
+            op=f.choice("op", COMPUTE_OPS),
+            precision=f.text("precision"),
+            log10_size=xs,
+            efficiency=ys,
+            axis=f.choice("axis", AXES, "size"),
+            samples=f.integer("samples", 0, minimum=0),
+            source=f.text("source", ""),
+        )
+        f.done()
+        return spec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BandwidthCurve:
+    """Achieved bus bandwidth of one collective against log2 of the message size."""
+
+    collective: str
+    scope: str
+    ranks: int
+    log2_bytes: tuple[float, ...]
+    busbw_bytes_per_s: tuple[float, ...]
+    samples: int = 0
+    source: str = ""
+
+    def at(self, size_bytes: float) -> float:
+        """Bus bandwidth (bytes/s) for a message of ``size_bytes``."""
+        return interp(self.log2_bytes, self.busbw_bytes_per_s, math.log2(max(size_bytes, 1.0)))
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> BandwidthCurve:
+        """Build from one entry of ``collectives:``."""
+        xs = f.number_list("log2_bytes")
+        ys = f.number_list("busbw_gb_per_s")
+        _check_axis(f, "log2_bytes", xs, ys, "busbw_gb_per_s")
+        for i, y in enumerate(ys):
+            if y <= 0:
+                raise f.error(f"busbw_gb_per_s[{i}]", f"must be > 0, got {y}", "bandwidths are positive")
+        spec = cls(
+            collective=f.choice("collective", COLLECTIVES),
+            scope=f.choice("scope", SCOPES),
+            ranks=f.integer("ranks", minimum=2),
+            log2_bytes=xs,
+            busbw_bytes_per_s=tuple(y * GB for y in ys),
+            samples=f.integer("samples", 0, minimum=0),
+            source=f.text("source", ""),
+        )
+        f.done()
+        return spec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationTable:
+    """Everything measured about one device type (and the node it sat in, for collectives)."""
+
+    name: str
+    device: str
+    compute: tuple[EfficiencyCurve, ...] = ()
+    collectives: tuple[BandwidthCurve, ...] = ()
+    overlap_slowdown: float | None = None
+    provenance: tuple[tuple[str, str], ...] = ()
+    source: str = ""
+
+    def compute_curve(self, op: str, precision: str) -> EfficiencyCurve | None:
+        """The curve for ``op`` at ``precision`` (FP16 and BF16 stand in for each other), or None."""
+        fallback = {"bf16": "fp16", "fp16": "bf16"}.get(precision)
+        found = None
+        for curve in self.compute:
+            if curve.op != op:
+                continue
+            if curve.precision == precision:
+                return curve
+            if curve.precision == fallback or curve.precision == "any":
+                found = curve
+        return found
+
+    def bandwidth_curve(self, collective: str, scope: str, ranks: int) -> BandwidthCurve | None:
+        """The measured curve for this collective and scope whose group size is nearest ``ranks``."""
+        best: BandwidthCurve | None = None
+        for curve in self.collectives:
+            if curve.collective != collective or curve.scope != scope:
+                continue
+            if best is None or abs(math.log2(curve.ranks / ranks)) < abs(math.log2(best.ranks / ranks)):
+                best = curve
+        return best
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str) -> CalibrationTable:
+        """Build from a parsed calibration file."""
+        f = Fields(data, where)
+        compute_raw = f.raw("compute", [])
+        coll_raw = f.raw("collectives", [])
+        if not isinstance(compute_raw, list):
+            raise f.error("compute", "must be a list of curves", "write '- op: gemm ...' entries")
+        if not isinstance(coll_raw, list):
+            raise f.error("collectives", "must be a list of curves", "write '- collective: all_reduce ...' entries")
+        compute = tuple(EfficiencyCurve.from_fields(Fields(c, where, f"compute[{i}]")) for i, c in enumerate(compute_raw))
+        colls = tuple(BandwidthCurve.from_fields(Fields(c, where, f"collectives[{i}]")) for i, c in enumerate(coll_raw))
+        prov_f = f.sub("provenance", None)
+        provenance: tuple[tuple[str, str], ...] = ()
+        if prov_f is not None:
+            provenance = tuple((str(k), str(v)) for k, v in prov_f.data.items())
+            prov_f.used.update(prov_f.data)
+        spec = cls(
+            name=f.text("name"),
+            device=f.text("device"),
+            compute=compute,
+            collectives=colls,
+            overlap_slowdown=f.number("overlap_slowdown", None, minimum=0.0, maximum=1.0),
+            provenance=provenance,
+            source=f.text("source", ""),
+        )
+        f.done(ignore=("description",))
+        if not compute and not colls:
+            raise SpecError(where, "has neither compute nor collectives curves", "add at least one curve")
+        return spec
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The YAML form (inverse of :meth:`from_mapping`); numbers rounded to stable decimals."""
+        out: dict[str, Any] = {"name": self.name, "device": self.device}
+        if self.source:
+            out["source"] = self.source
+        if self.provenance:
+            out["provenance"] = dict(self.provenance)
+        if self.overlap_slowdown is not None:
+            out["overlap_slowdown"] = round(self.overlap_slowdown, 4)
+        out["compute"] = [
+            {
+                "op": c.op,
+                "precision": c.precision,
+                "axis": c.axis,
+                "samples": c.samples,
+                "source": c.source,
+                "log10_size": [round(x, 4) for x in c.log10_size],
+                "efficiency": [round(y, 4) for y in c.efficiency],
+            }
+            for c in self.compute
+        ]
+        out["collectives"] = [
+            {
+                "collective": b.collective,
+                "scope": b.scope,
+                "ranks": b.ranks,
+                "samples": b.samples,
+                "source": b.source,
+                "log2_bytes": [round(x, 4) for x in b.log2_bytes],
+                "busbw_gb_per_s": [round(y / GB, 3) for y in b.busbw_bytes_per_s],
+            }
+            for b in self.collectives
+        ]
+        return out

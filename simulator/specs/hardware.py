@@ -1,0 +1,168 @@
+"""Hardware specs: one accelerator (:class:`DeviceSpec`) and one cluster of them (:class:`ClusterSpec`).
+
+Numbers come from vendor datasheets and are *dense* peaks (no 2:4 sparsity). Rates use decimal prefixes as
+datasheets do (TFLOP/s, GB/s, Gb/s); capacity is in GiB as allocators report it. The cluster describes
+the two tiers a collective can cross: the NVLink/NVSwitch domain (inside a node, or a whole rack for
+GB200 NVL72) and the scale-out network of NICs above it (rail-optimised or fat tree, possibly
+oversubscribed). Per-size achieved bandwidths come from a calibration table when the cluster names one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.specs._fields import Fields
+from simulator.specs.calibration import CalibrationTable
+from simulator.units import GB, GBIT, GIB, TFLOP, US
+
+__all__ = ["PRECISIONS", "TOPOLOGIES", "ClusterSpec", "DeviceSpec"]
+
+PRECISIONS = ("fp64", "tf32", "fp16", "bf16", "fp8")
+TOPOLOGIES = ("rail_optimized", "fat_tree")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator.
+
+    ``peak_flops`` pairs a precision with its dense peak FLOP/s; a precision the device lacks (FP8 on an
+    A100) is absent, and :meth:`peak` falls back to the 16-bit peak for it.
+    """
+
+    name: str
+    vendor: str = ""
+    peak_flops: tuple[tuple[str, float], ...] = ()
+    hbm_bytes: float
+    hbm_bandwidth_bytes_per_s: float
+    sm_count: int = 0
+    tdp_watts: float = 0.0
+    price_per_gpu_hour_usd: float | None = None
+    source: str = ""
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s at ``precision``; FP8 falls back to FP16/BF16 where the device has no FP8."""
+        peaks = dict(self.peak_flops)
+        if precision in peaks:
+            return peaks[precision]
+        if precision == "fp8":
+            return self.peak("bf16")
+        if precision in ("bf16", "fp16"):
+            other = "fp16" if precision == "bf16" else "bf16"
+            if other in peaks:
+                return peaks[other]
+        raise SpecError(f"device {self.name}", f"has no peak for precision {precision!r}", "add peak_tflops_" + precision)
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str) -> DeviceSpec:
+        """Build from a parsed device file (keys ``peak_tflops_<precision>``, ``hbm_gib``, ...)."""
+        f = Fields(data, where)
+        peaks = {}
+        for p in PRECISIONS:
+            value = f.number(f"peak_tflops_{p}", None, positive=True)
+            if value is not None:
+                peaks[p] = value * TFLOP
+        if "bf16" not in peaks and "fp16" not in peaks:
+            raise f.error("peak_tflops_bf16", "is required (or peak_tflops_fp16)", "add the dense BF16 peak")
+        spec = cls(
+            name=f.text("name"),
+            vendor=f.text("vendor", ""),
+            peak_flops=tuple(peaks.items()),
+            hbm_bytes=f.number("hbm_gib", positive=True) * GIB,
+            hbm_bandwidth_bytes_per_s=f.number("hbm_bandwidth_gb_per_s", positive=True) * GB,
+            sm_count=f.integer("sm_count", 0, minimum=0),
+            tdp_watts=f.number("tdp_watts", 0.0, minimum=0.0),
+            price_per_gpu_hour_usd=f.number("price_per_gpu_hour_usd", None, minimum=0.0),
+            source=f.text("source", ""),
+        )
+        f.done(ignore=("sources", "description"))
+        return spec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """A homogeneous cluster of nodes.
+
+    ``nvlink_bandwidth_bytes_per_s`` is per GPU and per direction (the figure NVIDIA quotes as 900 GB/s for
+    H100 is both directions: 450 GB/s each way). ``nic_bandwidth_bytes_per_s`` is per NIC, one direction.
+    ``nvlink_domain_gpus`` is how many GPUs share one NVLink domain (8 for a DGX, 72 for GB200 NVL72).
+    """
+
+    name: str
+    device: DeviceSpec
+    gpus_per_node: int
+    nvlink_bandwidth_bytes_per_s: float
+    nvls: bool = False
+    nvlink_domain_gpus: int = 0  # 0 means gpus_per_node
+    nics_per_node: int
+    nic_bandwidth_bytes_per_s: float
+    topology: str = "rail_optimized"
+    oversubscription: float = 1.0
+    intra_node_latency_s: float = 3 * US
+    inter_node_latency_s: float = 6 * US
+    calibration: CalibrationTable | None = None
+    max_gpus: int | None = None
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.nvlink_domain_gpus == 0:
+            object.__setattr__(self, "nvlink_domain_gpus", self.gpus_per_node)
+        if self.nvlink_domain_gpus % self.gpus_per_node:
+            raise SpecError(
+                "nvlink_domain_gpus",
+                f"must be a multiple of gpus_per_node: nvlink_domain_gpus={self.nvlink_domain_gpus}, "
+                f"gpus_per_node={self.gpus_per_node}",
+                "use a whole number of nodes per NVLink domain",
+            )
+
+    @property
+    def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:
+        """Scale-out bandwidth one GPU can use when every GPU of its node talks at once."""
+        return self.nics_per_node * self.nic_bandwidth_bytes_per_s / self.gpus_per_node
+
+    @classmethod
+    def from_mapping(
+        cls,
+        data: Any,
+        where: str,
+        *,
+        device: DeviceSpec | None = None,
+        calibration: CalibrationTable | None = None,
+    ) -> ClusterSpec:
+        """Build from a parsed cluster file.
+
+        ``device`` and ``calibration`` are the objects the file's ``device:`` and ``calibration:`` names
+        resolve to (the library does that); an inline ``device:`` mapping is read here.
+        """
+        f = Fields(data, where)
+        raw_device = f.raw("device")
+        f.raw("calibration", None)
+        if device is None:
+            if not isinstance(raw_device, dict):
+                raise f.error("device", "must be resolved by the library or written inline", "name a device profile")
+            device = DeviceSpec.from_mapping(raw_device, f"{where}: device")
+        spec_kwargs: dict[str, Any] = {
+            "name": f.text("name"),
+            "device": device,
+            "gpus_per_node": f.integer("gpus_per_node", minimum=1),
+            "nvlink_bandwidth_bytes_per_s": f.number("nvlink_bandwidth_gb_per_s", positive=True) * GB,
+            "nvls": f.boolean("nvls", False),
+            "nvlink_domain_gpus": f.integer("nvlink_domain_gpus", 0, minimum=1),
+            "nics_per_node": f.integer("nics_per_node", minimum=1),
+            "nic_bandwidth_bytes_per_s": f.number("nic_bandwidth_gbit_per_s", positive=True) * GBIT,
+            "topology": f.choice("topology", TOPOLOGIES, "rail_optimized"),
+            "oversubscription": f.number("oversubscription", 1.0, minimum=1.0),
+            "intra_node_latency_s": f.number("intra_node_latency_us", 3.0, minimum=0.0) * US,
+            "inter_node_latency_s": f.number("inter_node_latency_us", 6.0, minimum=0.0) * US,
+            "calibration": calibration,
+            "max_gpus": f.integer("max_gpus", None, minimum=1),
+            "description": f.text("description", ""),
+            "source": f.text("source", ""),
+        }
+        f.done(ignore=("sources",))
+        try:
+            return cls(**spec_kwargs)
+        except SpecError as err:
+            raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None

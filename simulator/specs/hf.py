@@ -1,0 +1,196 @@
+"""Import a Hugging Face ``config.json`` as a :class:`ModelSpec`.
+
+Users already have these files on disk, so ``--model path/to/config.json`` works wherever a model name
+does. Supported families (by ``model_type``): ``llama``, ``mistral``, ``mixtral``, ``qwen2``,
+``qwen2_moe``, ``qwen3``, ``qwen3_moe``, ``gpt2``, ``gpt_neox``; other types whose keys follow the Llama
+naming are read the Llama way. Field meanings follow the ``transformers`` configuration classes of those
+families (``LlamaConfig``, ``MixtralConfig``, ``Qwen3MoeConfig``, ``GPT2Config``, ``GPTNeoXConfig``).
+The default training sequence length is ``max_position_embeddings`` capped at 8192, because long-context
+maxima (131072 for Llama 3.1) are rarely the pre-training length; pass ``--seq-len`` to override.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.specs._fields import Fields
+from simulator.specs.model import ModelSpec, MoESpec
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "model_from_hf_config"]
+
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gpt2",
+    "gpt_neox",
+)
+
+_SEQ_CAP = 8192
+_GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu"}
+_PLAIN_ACTS = {"gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "relu": "relu", "gelu_pytorch_tanh": "gelu"}
+
+
+def load_hf_config(path: Path) -> ModelSpec:
+    """Read ``config.json`` at ``path``."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(str(path), "file not found", "check the path") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: line {err.lineno}", f"not valid JSON ({err.msg})", "fix the syntax") from None
+    name = path.parent.name if path.name == "config.json" else path.stem
+    return model_from_hf_config(data, str(path), name=name or "hf-model")
+
+
+def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
+    """Translate a parsed Hugging Face config into a :class:`ModelSpec`.
+
+    Examples
+    --------
+    >>> cfg = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    ...        "intermediate_size": 128, "vocab_size": 100, "hidden_act": "silu"}
+    >>> model_from_hf_config(cfg, "config.json", name="tiny").gated_mlp
+    True
+    """
+    f = Fields(data, where)
+    model_type = str(f.data.get("model_type", "")).lower()
+    if model_type == "gpt2":
+        return _gpt2(f, name)
+    if model_type == "gpt_neox":
+        return _neox(f, name)
+    if model_type and model_type not in SUPPORTED_MODEL_TYPES and "hidden_size" not in f.data:
+        raise f.error(
+            "model_type",
+            f"unsupported model_type {model_type!r}",
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}; or write a clustersim model YAML",
+        )
+    return _llama_like(f, name, model_type)
+
+
+def _seq(f: Fields, key: str) -> int:
+    value = f.integer(key, 2048, minimum=1)
+    return int(min(value, _SEQ_CAP))
+
+
+def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
+    hidden = f.integer("hidden_size", minimum=1)
+    heads = f.integer("num_attention_heads", minimum=1)
+    act = str(f.raw("hidden_act", "silu")).lower()
+    if act not in _GATED_ACTS:
+        raise f.error("hidden_act", f"unsupported activation {act!r} for a gated MLP", "use silu or gelu")
+    moe = _moe(f, model_type)
+    ffn = f.integer("intermediate_size", 0 if moe is not None else None, minimum=1)
+    if moe is not None and not ffn:
+        ffn = moe.expert_ffn_hidden
+    bias = bool(f.raw("attention_bias", False)) and bool(f.raw("mlp_bias", False))
+    try:
+        return ModelSpec(
+            name=name,
+            layers=f.integer("num_hidden_layers", minimum=1),
+            hidden=hidden,
+            heads=heads,
+            kv_heads=f.integer("num_key_value_heads", heads, minimum=1),
+            head_dim=f.integer("head_dim", 0, minimum=1),
+            ffn_hidden=ffn,
+            vocab=f.integer("vocab_size", minimum=1),
+            gated_mlp=True,
+            activation=_GATED_ACTS[act],
+            norm="rmsnorm",
+            tied_embeddings=bool(f.raw("tie_word_embeddings", False)),
+            position_embedding="rope",
+            bias=bias,
+            dropout=False,
+            seq_len=_seq(f, "max_position_embeddings"),
+            moe=moe,
+            source=f"Hugging Face config.json ({model_type or 'llama-style'}): {f.where}",
+        )
+    except SpecError as err:
+        raise SpecError(f"{f.where}: {err.where}", err.what, err.fix) from None
+
+
+def _moe(f: Fields, model_type: str) -> MoESpec | None:
+    data = f.data
+    experts = data.get("num_local_experts") or data.get("num_experts")
+    if not experts:
+        return None
+    f.used.update(("num_local_experts", "num_experts"))
+    top_k = f.integer("num_experts_per_tok", minimum=1)
+    expert_ffn = data.get("moe_intermediate_size") or data.get("intermediate_size")
+    if not isinstance(expert_ffn, int) or expert_ffn < 1:
+        raise f.error("moe_intermediate_size", f"must be a whole number, got {expert_ffn!r}", "add the expert FFN size")
+    f.used.update(("moe_intermediate_size",))
+    shared_ffn = int(data.get("shared_expert_intermediate_size") or 0)
+    step = int(data.get("decoder_sparse_step") or 1)
+    dense_layers = data.get("mlp_only_layers") or []
+    first_dense = int(data.get("first_k_dense_replace") or 0)
+    if dense_layers:
+        # Only a leading block of dense layers is representable; Qwen's released models leave it empty.
+        first_dense = max(first_dense, len(dense_layers))
+    return MoESpec(
+        num_experts=int(experts),
+        top_k=top_k,
+        expert_ffn_hidden=int(expert_ffn),
+        shared_experts=1 if shared_ffn else 0,
+        shared_expert_ffn_hidden=shared_ffn,
+        layer_frequency=step,
+        first_dense_layers=first_dense,
+        capacity_factor=None,
+    )
+
+
+def _gpt2(f: Fields, name: str) -> ModelSpec:
+    hidden = f.integer("n_embd", minimum=1)
+    act = str(f.raw("activation_function", "gelu_new")).lower()
+    try:
+        return ModelSpec(
+            name=name,
+            layers=f.integer("n_layer", minimum=1),
+            hidden=hidden,
+            heads=f.integer("n_head", minimum=1),
+            ffn_hidden=f.integer("n_inner", 4 * hidden, minimum=1),
+            vocab=f.integer("vocab_size", minimum=1),
+            gated_mlp=False,
+            activation=_PLAIN_ACTS.get(act, "gelu"),
+            norm="layernorm",
+            tied_embeddings=True,
+            position_embedding="learned",
+            bias=True,
+            dropout=True,
+            seq_len=_seq(f, "n_positions"),
+            source=f"Hugging Face config.json (gpt2): {f.where}",
+        )
+    except SpecError as err:
+        raise SpecError(f"{f.where}: {err.where}", err.what, err.fix) from None
+
+
+def _neox(f: Fields, name: str) -> ModelSpec:
+    hidden = f.integer("hidden_size", minimum=1)
+    act = str(f.raw("hidden_act", "gelu")).lower()
+    try:
+        return ModelSpec(
+            name=name,
+            layers=f.integer("num_hidden_layers", minimum=1),
+            hidden=hidden,
+            heads=f.integer("num_attention_heads", minimum=1),
+            ffn_hidden=f.integer("intermediate_size", 4 * hidden, minimum=1),
+            vocab=f.integer("vocab_size", minimum=1),
+            gated_mlp=False,
+            activation=_PLAIN_ACTS.get(act, "gelu"),
+            norm="layernorm",
+            tied_embeddings=bool(f.raw("tie_word_embeddings", False)),
+            position_embedding="rope",
+            bias=True,
+            dropout=False,
+            seq_len=_seq(f, "max_position_embeddings"),
+            source=f"Hugging Face config.json (gpt_neox): {f.where}",
+        )
+    except SpecError as err:
+        raise SpecError(f"{f.where}: {err.where}", err.what, err.fix) from None

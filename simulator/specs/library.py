@@ -1,0 +1,188 @@
+"""The built-in library of models and hardware profiles, and loading specs by name or path.
+
+Built-in files live in ``models/`` and ``hardware_profiles/{devices,clusters,calibration}/`` at the top of
+the repository; a wheel carries them inside the package as ``simulator/_data/`` so a non-editable install
+finds them too. A file's stem is its name (``models/gpt3-175b.yaml`` is ``gpt3-175b``), matched without
+regard to case; directories listed in the ``CLUSTERSIM_PATH`` environment variable (``:``-separated, each
+holding ``models/`` or ``hardware_profiles/``) are searched first. Anything that looks like a path is
+read as a file: YAML, or a Hugging Face ``config.json`` for models. Loaded specs are cached per file, so
+repeated lookups (sweeps) do no I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.specs._fields import did_you_mean
+from simulator.specs._yaml import load_yaml_file
+from simulator.specs.calibration import CalibrationTable
+from simulator.specs.hardware import ClusterSpec, DeviceSpec
+from simulator.specs.hf import load_hf_config
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+
+__all__ = [
+    "KINDS",
+    "data_roots",
+    "find_file",
+    "list_names",
+    "load_calibration",
+    "load_cluster",
+    "load_device",
+    "load_model",
+    "load_plan",
+    "load_spec_file",
+]
+
+KINDS: dict[str, str] = {
+    "model": "models",
+    "device": "hardware_profiles/devices",
+    "cluster": "hardware_profiles/clusters",
+    "calibration": "hardware_profiles/calibration",
+}
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def data_roots() -> tuple[Path, ...]:
+    """Directories searched for built-in data, first match wins."""
+    roots: list[Path] = []
+    for entry in os.environ.get("CLUSTERSIM_PATH", "").split(os.pathsep):
+        if entry.strip():
+            roots.append(Path(entry).expanduser())
+    for candidate in (_PACKAGE / "_data", _PACKAGE.parent):
+        if (candidate / "models").is_dir() or (candidate / "hardware_profiles").is_dir():
+            roots.append(candidate)
+    return tuple(roots)
+
+
+def list_names(kind: str) -> list[tuple[str, Path]]:
+    """``(name, path)`` of every built-in file of ``kind``, sorted by name, first root wins."""
+    seen: dict[str, Path] = {}
+    for root in data_roots():
+        folder = root / KINDS[kind]
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.yaml")):
+            seen.setdefault(path.stem.lower(), path)
+    return sorted(((p.stem, p) for p in seen.values()), key=lambda item: item[0].lower())
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref or "/" in ref
+
+
+def find_file(kind: str, ref: str | Path) -> Path:
+    """The file that ``ref`` names: an existing path, or a built-in name of ``kind``."""
+    text = str(ref)
+    if isinstance(ref, Path) or _looks_like_path(text):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise SpecError(text, "file not found", f"check the path, or use a built-in {kind} name")
+        return path
+    names = list_names(kind)
+    for name, path in names:
+        if name.lower() == text.lower():
+            return path
+    known = [n for n, _ in names]
+    hint = did_you_mean(text, known)
+    listing = ", ".join(known) if len(known) <= 40 else ", ".join(known[:40]) + ", ..."
+    raise SpecError(f"{kind} {text!r}", f"is not a built-in {kind}{hint}", f"use one of: {listing}; or a file path")
+
+
+def _stamp(path: Path) -> tuple[str, float]:
+    resolved = path.resolve()
+    return str(resolved), resolved.stat().st_mtime
+
+
+def load_spec_file(path: Path) -> Any:
+    """Parse a YAML spec file strictly (a thin wrapper kept for the CLI's ``check``)."""
+    return load_yaml_file(path)
+
+
+@lru_cache(maxsize=256)
+def _model_cached(path_str: str, _mtime: float) -> ModelSpec:
+    path = Path(path_str)
+    if path.suffix == ".json":
+        return load_hf_config(path)
+    return ModelSpec.from_mapping(load_yaml_file(path), str(path))
+
+
+def load_model(ref: str | Path) -> ModelSpec:
+    """A model by built-in name, YAML path or Hugging Face ``config.json`` path."""
+    return _model_cached(*_stamp(find_file("model", ref)))
+
+
+@lru_cache(maxsize=256)
+def _device_cached(path_str: str, _mtime: float) -> DeviceSpec:
+    path = Path(path_str)
+    return DeviceSpec.from_mapping(load_yaml_file(path), str(path))
+
+
+def load_device(ref: str | Path) -> DeviceSpec:
+    """A device by built-in name or path."""
+    return _device_cached(*_stamp(find_file("device", ref)))
+
+
+@lru_cache(maxsize=256)
+def _calibration_cached(path_str: str, _mtime: float) -> CalibrationTable:
+    path = Path(path_str)
+    return CalibrationTable.from_mapping(load_yaml_file(path), str(path))
+
+
+def load_calibration(ref: str | Path) -> CalibrationTable:
+    """A calibration table by built-in name or path."""
+    return _calibration_cached(*_stamp(find_file("calibration", ref)))
+
+
+def _resolve_ref(kind: str, ref: str, base: Path, where: str) -> Path:
+    """A reference inside a file: relative paths are relative to that file."""
+    if _looks_like_path(ref):
+        candidate = (base.parent / ref) if not Path(ref).is_absolute() else Path(ref)
+        if not candidate.is_file():
+            raise SpecError(where, f"names {ref!r}, which is not a file", "fix the path")
+        return candidate
+    try:
+        return find_file(kind, ref)
+    except SpecError as err:
+        raise SpecError(where, f"{err.where} {err.what}", err.fix) from None
+
+
+@lru_cache(maxsize=256)
+def _cluster_cached(path_str: str, _mtime: float) -> ClusterSpec:
+    path = Path(path_str)
+    data = load_yaml_file(path)
+    device: DeviceSpec | None = None
+    calibration: CalibrationTable | None = None
+    if isinstance(data, dict):
+        raw_device = data.get("device")
+        if isinstance(raw_device, str):
+            dev_path = _resolve_ref("device", raw_device, path, f"{path}: device")
+            device = _device_cached(*_stamp(dev_path))
+        raw_cal = data.get("calibration")
+        if isinstance(raw_cal, str):
+            cal_path = _resolve_ref("calibration", raw_cal, path, f"{path}: calibration")
+            calibration = _calibration_cached(*_stamp(cal_path))
+        elif raw_cal is not None:
+            raise SpecError(f"{path}: calibration", "must name a calibration table", "write its name or path")
+    # A table measured on a sibling part (A100 40 GB vs 80 GB: the same SMs and clocks) may be shared;
+    # results name the table and its device, so the transfer is visible.
+    cluster = ClusterSpec.from_mapping(data, str(path), device=device, calibration=calibration)
+    return cluster
+
+
+def load_cluster(ref: str | Path) -> ClusterSpec:
+    """A cluster by built-in name or path, with its device and calibration table resolved."""
+    return _cluster_cached(*_stamp(find_file("cluster", ref)))
+
+
+def load_plan(path: str | Path, *, gpus: int | None = None) -> PlanSpec:
+    """A plan from a YAML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(str(p), "file not found", "check the path of the plan file")
+    return PlanSpec.from_mapping(load_yaml_file(p), str(p), gpus=gpus)

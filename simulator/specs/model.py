@@ -1,0 +1,255 @@
+"""Model specs: dense and mixture-of-experts decoder-only transformers.
+
+A :class:`ModelSpec` holds the architecture only (no batch, no parallelism). Parameter counts follow the
+Megatron-LM layer layout: QKV and output projections, a two- or three-matrix MLP (gated MLPs such as SwiGLU
+have three), two norms per layer, a final norm, token embeddings, an untied or tied output layer, and learned
+position embeddings where the model uses them. Source for the per-layer count of a GPT layer
+(12·h² + 13·h): Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters", SC21,
+Sec. 5.1; grouped-query attention shrinks K and V to ``kv_heads`` heads (Ainslie et al. 2023).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.specs._fields import Fields
+
+__all__ = ["ACTIVATIONS", "NORMS", "POSITION_EMBEDDINGS", "ModelSpec", "MoESpec"]
+
+ACTIVATIONS = ("gelu", "relu", "squared_relu", "silu", "swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITION_EMBEDDINGS = ("learned", "rope", "alibi", "none")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoESpec:
+    """Mixture-of-experts part of a model.
+
+    ``capacity_factor`` of ``None`` means dropless routing (every token reaches its top-k experts).
+    MoE layers are those with index ``i >= first_dense_layers`` and ``(i - first_dense_layers) %
+    layer_frequency == 0``.
+    """
+
+    num_experts: int
+    top_k: int
+    expert_ffn_hidden: int
+    shared_experts: int = 0
+    shared_expert_ffn_hidden: int = 0
+    layer_frequency: int = 1
+    first_dense_layers: int = 0
+    capacity_factor: float | None = None
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (0-based) is a MoE layer."""
+        if index < self.first_dense_layers:
+            return False
+        return (index - self.first_dense_layers) % self.layer_frequency == 0
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> MoESpec:
+        """Build from the ``moe:`` mapping of a model file."""
+        num_experts = f.integer("num_experts", minimum=1)
+        top_k = f.integer("top_k", minimum=1)
+        if top_k > num_experts:
+            raise f.error("top_k", f"must be <= num_experts: top_k={top_k}, num_experts={num_experts}", "lower top_k")
+        spec = cls(
+            num_experts=num_experts,
+            top_k=top_k,
+            expert_ffn_hidden=f.integer("expert_ffn_hidden", minimum=1),
+            shared_experts=f.integer("shared_experts", 0, minimum=0),
+            shared_expert_ffn_hidden=f.integer("shared_expert_ffn_hidden", 0, minimum=0),
+            layer_frequency=f.integer("layer_frequency", 1, minimum=1),
+            first_dense_layers=f.integer("first_dense_layers", 0, minimum=0),
+            capacity_factor=f.number("capacity_factor", None, minimum=1.0),
+        )
+        if spec.shared_experts and not spec.shared_expert_ffn_hidden:
+            raise f.error(
+                "shared_expert_ffn_hidden",
+                f"is required when shared_experts={spec.shared_experts}",
+                "give the FFN size of a shared expert",
+            )
+        f.done()
+        return spec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    Examples
+    --------
+    >>> m = ModelSpec(name="tiny", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=1000)
+    >>> m.head_dim, m.kv_heads
+    (16, 4)
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn_hidden: int
+    vocab: int
+    kv_heads: int = 0  # 0 means "same as heads" (multi-head attention)
+    head_dim: int = 0  # 0 means hidden // heads
+    gated_mlp: bool = False
+    activation: str = "gelu"
+    norm: str = "layernorm"
+    tied_embeddings: bool = False
+    position_embedding: str = "learned"
+    bias: bool = True
+    dropout: bool = False
+    seq_len: int = 2048
+    moe: MoESpec | None = None
+    description: str = ""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        _check_model(self)
+
+    # -- derived sizes -------------------------------------------------------------------------------
+    @property
+    def attn_dim(self) -> int:
+        """Width of the attention output (heads × head_dim); equals hidden for most models."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): kv_heads × head_dim."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether any layer is a mixture of experts."""
+        return self.moe is not None
+
+    @property
+    def num_moe_layers(self) -> int:
+        """How many decoder layers are MoE layers."""
+        if self.moe is None:
+            return 0
+        return sum(1 for i in range(self.layers) if self.moe.is_moe_layer(i))
+
+    def attention_params(self) -> int:
+        """Parameters of one attention block (QKV, output projection, their biases)."""
+        h = self.hidden
+        weights = h * (self.attn_dim + 2 * self.kv_dim) + self.attn_dim * h
+        biases = (self.attn_dim + 2 * self.kv_dim + h) if self.bias else 0
+        return weights + biases
+
+    def mlp_params(self, ffn: int | None = None) -> int:
+        """Parameters of one dense MLP of width ``ffn`` (default: the model's)."""
+        f = self.ffn_hidden if ffn is None else ffn
+        mats = 3 if self.gated_mlp else 2
+        biases = ((2 if self.gated_mlp else 1) * f + self.hidden) if self.bias else 0
+        return mats * self.hidden * f + biases
+
+    def norm_params(self) -> int:
+        """Parameters of one norm (scale, plus shift for LayerNorm)."""
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    def moe_params(self) -> tuple[int, int]:
+        """(total, active per token) parameters of one MoE MLP block, router included."""
+        assert self.moe is not None
+        moe = self.moe
+        router = self.hidden * moe.num_experts
+        expert = self.mlp_params(moe.expert_ffn_hidden)
+        shared = moe.shared_experts * self.mlp_params(moe.shared_expert_ffn_hidden) if moe.shared_experts else 0
+        return router + moe.num_experts * expert + shared, router + moe.top_k * expert + shared
+
+    def layer_params(self, index: int) -> tuple[int, int]:
+        """(total, active) parameters of decoder layer ``index``."""
+        base = self.attention_params() + 2 * self.norm_params()
+        if self.moe is not None and self.moe.is_moe_layer(index):
+            total, active = self.moe_params()
+            return base + total, base + active
+        dense = base + self.mlp_params()
+        return dense, dense
+
+    def embedding_params(self) -> int:
+        """Input embedding (tokens, and positions when learned)."""
+        pos = self.seq_len * self.hidden if self.position_embedding == "learned" else 0
+        return self.vocab * self.hidden + pos
+
+    def output_params(self) -> int:
+        """Final norm plus the output projection (zero extra when tied to the input embedding)."""
+        return self.norm_params() + (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    def param_count(self) -> int:
+        """Total parameters."""
+        layers = sum(self.layer_params(i)[0] for i in range(self.layers))
+        return layers + self.embedding_params() + self.output_params()
+
+    def active_param_count(self) -> int:
+        """Parameters used per token (differs from the total for MoE)."""
+        layers = sum(self.layer_params(i)[1] for i in range(self.layers))
+        return layers + self.embedding_params() + self.output_params()
+
+    # -- construction ---------------------------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, data: Any, where: str) -> ModelSpec:
+        """Build from a parsed model file.
+
+        Raises
+        ------
+        SpecError
+            On a missing or unknown key, a wrong type or an impossible value.
+        """
+        f = Fields(data, where)
+        moe_fields = f.sub("moe", None)
+        heads = f.integer("heads", minimum=1)
+        kwargs: dict[str, Any] = {
+            "name": f.text("name"),
+            "layers": f.integer("layers", minimum=1),
+            "hidden": f.integer("hidden", minimum=1),
+            "heads": heads,
+            "kv_heads": f.integer("kv_heads", heads, minimum=1),
+            "head_dim": f.integer("head_dim", 0, minimum=1),
+            "ffn_hidden": f.integer("ffn_hidden", minimum=1),
+            "vocab": f.integer("vocab", minimum=1),
+            "gated_mlp": f.boolean("gated_mlp", False),
+            "activation": f.choice("activation", ACTIVATIONS, "gelu"),
+            "norm": f.choice("norm", NORMS, "layernorm"),
+            "tied_embeddings": f.boolean("tied_embeddings", False),
+            "position_embedding": f.choice("position_embedding", POSITION_EMBEDDINGS, "learned"),
+            "bias": f.boolean("bias", True),
+            "dropout": f.boolean("dropout", False),
+            "seq_len": f.integer("seq_len", 2048, minimum=1),
+            "description": f.text("description", ""),
+            "source": f.text("source", ""),
+            "moe": MoESpec.from_fields(moe_fields) if moe_fields is not None else None,
+        }
+        f.done(ignore=("sources",))
+        try:
+            return cls(**kwargs)
+        except SpecError as err:
+            raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
+
+
+def _check_model(m: ModelSpec) -> None:
+    """Cross-field rules; messages name the fields as the YAML spells them."""
+    if m.heads % m.kv_heads:
+        raise SpecError(
+            "kv_heads",
+            f"'kv_heads' must divide 'heads': heads={m.heads}, kv_heads={m.kv_heads}",
+            "use a divisor of heads (kv_heads = heads for multi-head attention)",
+        )
+    if m.hidden % m.heads and m.head_dim * m.heads == 0:
+        raise SpecError("heads", f"'heads' must divide 'hidden': hidden={m.hidden}, heads={m.heads}", "set head_dim")
+    if m.gated_mlp != (m.activation in ("swiglu", "geglu")):
+        raise SpecError(
+            "gated_mlp",
+            f"gated_mlp={str(m.gated_mlp).lower()} contradicts activation={m.activation}",
+            "gated MLPs use swiglu or geglu; ungated ones gelu, relu, squared_relu or silu",
+        )
+    if m.moe is not None and m.moe.first_dense_layers > m.layers:
+        raise SpecError(
+            "moe.first_dense_layers",
+            f"must be <= layers: first_dense_layers={m.moe.first_dense_layers}, layers={m.layers}",
+            "lower it",
+        )

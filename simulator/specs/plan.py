@@ -1,0 +1,141 @@
+"""The execution plan: how one training step is laid out on the GPUs.
+
+Degrees follow Megatron-LM: ``num_gpus = tp · pp · dp · cp``; expert parallelism ``ep`` is carved out of
+``dp · cp`` (it must divide it). ``vp`` is the number of model chunks per pipeline rank (interleaved 1F1B
+when > 1). A knob set to ``None`` is *free*: :func:`simulator.run.simulate` chooses it (the fastest value
+that fits in memory) and reports the choice. Free-able knobs are listed in :data:`FREE_KNOBS`; the
+structural degrees (tp, pp, cp, ep) default to 1 and ``dp`` is derived from ``num_gpus`` when absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.specs._fields import Fields
+
+__all__ = ["FREE_KNOBS", "PRECISIONS", "RECOMPUTE", "SCHEDULES", "PlanSpec"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp16", "bf16", "fp8")
+FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap", "sequence_parallel", "tp_overlap", "schedule")
+
+_AUTO = ("auto", "free", "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanSpec:
+    """One parallel layout and its training knobs; ``None`` marks a free knob.
+
+    Examples
+    --------
+    >>> PlanSpec(tp=8, pp=8, dp=16, global_batch=1536).num_gpus
+    1024
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vp: int | None = None
+    schedule: str | None = None
+    micro_batch: int | None = None
+    global_batch: int
+    seq_len: int | None = None  # None: the model's default
+    sequence_parallel: bool | None = None
+    recompute: str | None = None
+    zero_stage: int = 0
+    grad_overlap: bool | None = None
+    tp_overlap: bool | None = None
+    precision: str = "bf16"
+    expert_imbalance: float = 1.0
+    straggler_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for knob in ("tp", "pp", "dp", "cp", "ep", "global_batch"):
+            value = getattr(self, knob)
+            if value < 1:
+                raise SpecError(knob, f"must be >= 1, got {value}", "use a positive degree")
+        if self.vp is not None and self.vp < 1:
+            raise SpecError("vp", f"must be >= 1, got {self.vp}", "use a positive number of chunks")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise SpecError("micro_batch", f"must be >= 1, got {self.micro_batch}", "use a positive batch")
+        if not 0 <= self.zero_stage <= 3:
+            raise SpecError("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}", "pick a ZeRO stage")
+        if self.schedule == "interleaved" and self.vp == 1:
+            raise SpecError("vp", "must be > 1 with the interleaved schedule, got vp=1", "raise vp or use 1f1b")
+
+    @staticmethod
+    def derive_dp(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+        """The data-parallel degree that fills ``gpus`` with tp·pp·cp-sized replicas."""
+        per_replica = tp * pp * cp
+        if gpus % per_replica:
+            raise SpecError(
+                "gpus",
+                f"must be a multiple of tp·pp·cp: gpus={gpus}, tp={tp}, pp={pp}, cp={cp}",
+                "change the GPU count or the degrees",
+            )
+        return gpus // per_replica
+
+    @property
+    def num_gpus(self) -> int:
+        """tp · pp · dp · cp."""
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def free_knobs(self) -> tuple[str, ...]:
+        """Knobs left for the engine to choose."""
+        return tuple(k for k in FREE_KNOBS if getattr(self, k) is None)
+
+    def with_(self, **changes: Any) -> PlanSpec:
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str, *, gpus: int | None = None) -> PlanSpec:
+        """Build from a parsed plan file (``auto`` or ``null`` leaves a knob free)."""
+        f = Fields(data, where)
+        raw = {k: v for k, v in f.data.items() if not (isinstance(v, str) and v.strip().lower() in _AUTO)}
+        g = Fields(raw, where)
+        kwargs: dict[str, Any] = {
+            "tp": g.integer("tp", 1, minimum=1),
+            "pp": g.integer("pp", 1, minimum=1),
+            "dp": g.integer("dp", None, minimum=1),
+            "cp": g.integer("cp", 1, minimum=1),
+            "ep": g.integer("ep", 1, minimum=1),
+            "vp": g.integer("vp", None, minimum=1),
+            "schedule": g.choice("schedule", SCHEDULES, None),
+            "micro_batch": g.integer("micro_batch", None, minimum=1),
+            "global_batch": g.integer("global_batch", minimum=1),
+            "seq_len": g.integer("seq_len", None, minimum=1),
+            "sequence_parallel": g.boolean("sequence_parallel", None),
+            "recompute": g.choice("recompute", RECOMPUTE, None),
+            "zero_stage": g.integer("zero_stage", 0, minimum=0, maximum=3),
+            "grad_overlap": g.boolean("grad_overlap", None),
+            "tp_overlap": g.boolean("tp_overlap", None),
+            "precision": g.choice("precision", PRECISIONS, "bf16"),
+            "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
+            "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),
+        }
+        gpus = g.integer("gpus", gpus, minimum=1)
+        g.done(ignore=("name", "description"))
+        if kwargs["schedule"] == "interleaved" and kwargs["vp"] is not None and kwargs["vp"] < 2:
+            raise g.error("vp", f"must be > 1 with the interleaved schedule, got {kwargs['vp']}", "raise vp")
+        try:
+            if kwargs["dp"] is None:
+                if gpus is None:
+                    raise SpecError("dp", "is missing and so is the GPU count", "give dp, or gpus")
+                kwargs["dp"] = cls.derive_dp(gpus, kwargs["tp"], kwargs["pp"], kwargs["cp"])
+            plan = cls(**kwargs)
+            if gpus is not None and plan.num_gpus != gpus:
+                raise SpecError(
+                    "gpus",
+                    f"must equal tp·pp·dp·cp: gpus={gpus}, tp·pp·dp·cp={plan.num_gpus}",
+                    "fix the degrees or leave dp out",
+                )
+            return plan
+        except SpecError as err:
+            raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None

@@ -1,0 +1,46 @@
+"""Unit constants and conversions.
+
+Everything inside the simulator is SI: seconds, bytes, FLOPs, bytes per second. YAML files name their
+unit in the key (``hbm_bandwidth_gb_per_s``, ``nic_bandwidth_gbit_per_s``) and are converted once, when the
+spec is built, with the constants below. Decimal prefixes for rates (GB/s, Gb/s, TFLOP/s, as datasheets
+use them) and binary prefixes for capacities (GiB, as ``nvidia-smi`` and allocators report memory).
+"""
+
+from __future__ import annotations
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+
+KB = 1_000
+MB = 1_000_000
+GB = 1_000_000_000
+
+TFLOP = 1e12
+GBIT = 1e9 / 8  # bytes per gigabit
+
+US = 1e-6
+MS = 1e-3
+
+
+def gib(n_bytes: float) -> float:
+    """Bytes expressed in GiB."""
+    return n_bytes / GIB
+
+
+def fmt_bytes(n_bytes: float) -> str:
+    """Human-readable size in binary units, e.g. ``'13.2 GiB'``."""
+    size = float(n_bytes)
+    for unit, scale in (("TiB", 1024**4), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if abs(size) >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size:.0f} B"
+
+
+def fmt_seconds(seconds: float) -> str:
+    """Human-readable duration, e.g. ``'12.4 ms'``."""
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"

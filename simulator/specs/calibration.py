@@ -4,13 +4,15 @@ A table is *data fitted from kernel-level measurements* (our own profiler, or im
 it never contains end-to-end step times. Compute curves give achieved/peak efficiency against log10 of the
 problem size (FLOPs for GEMMs and attention, bytes moved for memory-bound kernels). Collective curves give
 the NCCL *bus bandwidth* (nccl-tests' ``busbw``) against log2 of the message size, for a group size and a
-scope (``nvlink``: inside one NVLink domain; ``network``: across nodes). Lookups interpolate linearly in
+scope (``domain``: inside one fast-interconnect domain, NVLink/NVSwitch or one host's shared memory;
+``network``: across that domain over NICs). Lookups interpolate linearly in
 those log coordinates and hold the end values flat outside the measured range, so a table never
 extrapolates a trend it has not seen.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ __all__ = [
 COMPUTE_OPS = ("gemm", "attention", "memory")
 AXES = ("size", "ideal_seconds")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-SCOPES = ("nvlink", "network")
+SCOPES = ("domain", "network")
 
 
 def interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
@@ -56,7 +58,7 @@ def interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
 def _check_axis(f: Fields, key: str, xs: tuple[float, ...], ys: tuple[float, ...], ykey: str) -> None:
     if len(xs) < 1 or len(xs) != len(ys):
         raise f.error(ykey, f"must have as many values as {key}: {len(ys)} vs {len(xs)}", "give one value per point")
-    if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+    if any(b <= a for a, b in itertools.pairwise(xs)):
         raise f.error(key, "must be strictly increasing", "sort the points and merge duplicates")
 
 
@@ -107,7 +109,11 @@ class EfficiencyCurve:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BandwidthCurve:
-    """Achieved bus bandwidth of one collective against log2 of the message size."""
+    """Achieved bus bandwidth of one collective against log2 of the message size.
+
+    A curve with ``reference_bandwidth_bytes_per_s`` (default tables only) was measured on a fabric of that
+    per-GPU bandwidth and is scaled by ``cluster bandwidth / reference`` when used on another cluster.
+    """
 
     collective: str
     scope: str
@@ -116,6 +122,7 @@ class BandwidthCurve:
     busbw_bytes_per_s: tuple[float, ...]
     samples: int = 0
     source: str = ""
+    reference_bandwidth_bytes_per_s: float = 0.0
 
     def at(self, size_bytes: float) -> float:
         """Bus bandwidth (bytes/s) for a message of ``size_bytes``."""
@@ -138,6 +145,7 @@ class BandwidthCurve:
             busbw_bytes_per_s=tuple(y * GB for y in ys),
             samples=f.integer("samples", 0, minimum=0),
             source=f.text("source", ""),
+            reference_bandwidth_bytes_per_s=f.number("reference_bandwidth_gb_per_s", 0.0, minimum=0.0) * GB,
         )
         f.done()
         return spec
@@ -164,7 +172,7 @@ class CalibrationTable:
                 continue
             if curve.precision == precision:
                 return curve
-            if curve.precision == fallback or curve.precision == "any":
+            if curve.precision in (fallback, "any"):
                 found = curve
         return found
 
@@ -188,7 +196,9 @@ class CalibrationTable:
             raise f.error("compute", "must be a list of curves", "write '- op: gemm ...' entries")
         if not isinstance(coll_raw, list):
             raise f.error("collectives", "must be a list of curves", "write '- collective: all_reduce ...' entries")
-        compute = tuple(EfficiencyCurve.from_fields(Fields(c, where, f"compute[{i}]")) for i, c in enumerate(compute_raw))
+        compute = tuple(
+            EfficiencyCurve.from_fields(Fields(c, where, f"compute[{i}]")) for i, c in enumerate(compute_raw)
+        )
         colls = tuple(BandwidthCurve.from_fields(Fields(c, where, f"collectives[{i}]")) for i, c in enumerate(coll_raw))
         prov_f = f.sub("provenance", None)
         provenance: tuple[tuple[str, str], ...] = ()
@@ -230,16 +240,20 @@ class CalibrationTable:
             }
             for c in self.compute
         ]
-        out["collectives"] = [
-            {
-                "collective": b.collective,
-                "scope": b.scope,
-                "ranks": b.ranks,
-                "samples": b.samples,
-                "source": b.source,
-                "log2_bytes": [round(x, 4) for x in b.log2_bytes],
-                "busbw_gb_per_s": [round(y / GB, 3) for y in b.busbw_bytes_per_s],
-            }
-            for b in self.collectives
-        ]
+        out["collectives"] = [_curve_mapping(b) for b in self.collectives]
         return out
+
+
+def _curve_mapping(b: BandwidthCurve) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "collective": b.collective,
+        "scope": b.scope,
+        "ranks": b.ranks,
+        "samples": b.samples,
+        "source": b.source,
+    }
+    if b.reference_bandwidth_bytes_per_s:
+        out["reference_bandwidth_gb_per_s"] = round(b.reference_bandwidth_bytes_per_s / GB, 3)
+    out["log2_bytes"] = [round(x, 4) for x in b.log2_bytes]
+    out["busbw_gb_per_s"] = [round(y / GB, 3) for y in b.busbw_bytes_per_s]
+    return out

@@ -52,7 +52,9 @@ class DeviceSpec:
             other = "fp16" if precision == "bf16" else "bf16"
             if other in peaks:
                 return peaks[other]
-        raise SpecError(f"device {self.name}", f"has no peak for precision {precision!r}", "add peak_tflops_" + precision)
+        raise SpecError(
+            f"device {self.name}", f"has no peak for precision {precision!r}", "add peak_tflops_" + precision
+        )
 
     @classmethod
     def from_mapping(cls, data: Any, where: str) -> DeviceSpec:

@@ -171,8 +171,7 @@ def _cluster_cached(path_str: str, _mtime: float) -> ClusterSpec:
             raise SpecError(f"{path}: calibration", "must name a calibration table", "write its name or path")
     # A table measured on a sibling part (A100 40 GB vs 80 GB: the same SMs and clocks) may be shared;
     # results name the table and its device, so the transfer is visible.
-    cluster = ClusterSpec.from_mapping(data, str(path), device=device, calibration=calibration)
-    return cluster
+    return ClusterSpec.from_mapping(data, str(path), device=device, calibration=calibration)
 
 
 def load_cluster(ref: str | Path) -> ClusterSpec:

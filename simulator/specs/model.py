@@ -16,7 +16,7 @@ from typing import Any
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields
 
-__all__ = ["ACTIVATIONS", "NORMS", "POSITION_EMBEDDINGS", "ModelSpec", "MoESpec"]
+__all__ = ["ACTIVATIONS", "NORMS", "POSITION_EMBEDDINGS", "MoESpec", "ModelSpec"]
 
 ACTIVATIONS = ("gelu", "relu", "squared_relu", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")

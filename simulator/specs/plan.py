@@ -3,8 +3,11 @@
 Degrees follow Megatron-LM: ``num_gpus = tp · pp · dp · cp``; expert parallelism ``ep`` is carved out of
 ``dp · cp`` (it must divide it). ``vp`` is the number of model chunks per pipeline rank (interleaved 1F1B
 when > 1). A knob set to ``None`` is *free*: :func:`simulator.run.simulate` chooses it (the fastest value
-that fits in memory) and reports the choice. Free-able knobs are listed in :data:`FREE_KNOBS`; the
-structural degrees (tp, pp, cp, ep) default to 1 and ``dp`` is derived from ``num_gpus`` when absent.
+that fits in memory) and reports the choice. Free-able knobs are listed in :data:`FREE_KNOBS`. Other
+knobs have defaults an experienced Megatron-LM user expects: the structural degrees (tp, pp, cp, ep) are 1
+and ``dp`` is derived from the GPU count; ``sequence_parallel`` is on whenever tp > 1 (NeMo and Megatron
+recommend it); ``tp_overlap`` (TE userbuffers overlap of TP collectives with GEMMs) is off; ``schedule`` is
+1F1B, interleaved when vp > 1; ``precision`` is bf16.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ __all__ = ["FREE_KNOBS", "PRECISIONS", "RECOMPUTE", "SCHEDULES", "PlanSpec"]
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp8")
-FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap", "sequence_parallel", "tp_overlap", "schedule")
+FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap")
 
 _AUTO = ("auto", "free", "")
 

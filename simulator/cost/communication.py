@@ -1,0 +1,131 @@
+"""Communication cost: how long one collective of one rank takes on the cluster.
+
+Ring-algorithm costs (Design: Physics, Collectives; Thakur et al. 2005; nccl-tests PERFORMANCE.md):
+for a group of n ranks and a buffer of S bytes, ``time = factor(n) · S / busbw + latency`` with factor
+2(n−1)/n for all-reduce, (n−1)/n for all-gather, reduce-scatter and all-to-all, 1 for send/recv.
+``busbw`` is the *bus bandwidth actually achieved* at that message size:
+
+* inside one NVLink domain, the measured curve of the cluster's calibration table for the collective and
+  the nearest group size (it already contains latency, so none is added); without a table, the NVLink
+  bandwidth times the default efficiency curve of the default table;
+* across domains, the network: each member brings its share of the node's NICs
+  (``nics · nic_bandwidth / gpus_per_node``), so a ring with k members per node reaches k times that
+  share, divided by the topology's oversubscription, times the achieved fraction of line rate
+  :data:`NETWORK_EFFICIENCY`; the slower of the two tiers dominates, and each ring step adds the
+  inter-node latency.
+
+All-to-all sends (k−1)/n of its data over NVLink and (n−k)/n over the network, each at its own rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from simulator.parallel.layout import Group
+from simulator.parallel.program import Comm
+from simulator.specs.calibration import BandwidthCurve, CalibrationTable
+from simulator.specs.hardware import ClusterSpec
+
+__all__ = ["NETWORK_EFFICIENCY", "NVLINK_FALLBACK_EFFICIENCY", "CommModel", "bus_factor"]
+
+# Achieved fraction of InfiniBand/RoCE line rate for large NCCL collectives across nodes.
+# source: see NETWORK_EFFICIENCY_SOURCE.
+NETWORK_EFFICIENCY = 0.9
+NETWORK_EFFICIENCY_SOURCE = "pending"
+# NVLink bus bandwidth fraction for large messages when no curve exists at all (default table absent).
+NVLINK_FALLBACK_EFFICIENCY = 0.8
+
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests bus-bandwidth factor: time = factor · size / busbw.
+
+    >>> bus_factor("all_reduce", 8)
+    1.75
+    """
+    if collective == "send_recv":
+        return 1.0
+    if n <= 1:
+        return 0.0
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    return (n - 1) / n
+
+
+@dataclass
+class CommModel:
+    """Collective durations on one cluster, cached per (collective, group, size)."""
+
+    cluster: ClusterSpec
+    table: CalibrationTable | None
+    default: CalibrationTable | None
+    straggler_factor: float = 1.0
+    _cache: dict[tuple[object, ...], float] = field(default_factory=dict, repr=False)
+    uncalibrated: set[str] = field(default_factory=set, repr=False)
+
+    def time(self, comm: Comm) -> float:
+        """Seconds for ``comm`` on its group."""
+        key = (comm.collective, comm.group, comm.size_bytes, comm.kind)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        seconds = self._time(comm.collective, comm.group, comm.size_bytes)
+        if comm.kind == "dp":
+            # Data-parallel collectives wait for the slowest replica (Design: stragglers).
+            seconds *= self.straggler_factor
+        self._cache[key] = seconds
+        return seconds
+
+    def _domain_curve(self, collective: str, ranks: int) -> tuple[BandwidthCurve | None, float]:
+        """A measured (or default) NVLink-domain curve and the factor that scales it to this cluster."""
+        if self.table is not None:
+            curve = self.table.bandwidth_curve(collective, "domain", ranks)
+            if curve is None and collective in ("all_gather", "reduce_scatter", "all_to_all"):
+                # Same ring traffic pattern as half an all-reduce (nccl-tests PERFORMANCE.md).
+                curve = self.table.bandwidth_curve("all_reduce", "domain", ranks)
+            if curve is not None:
+                return curve, 1.0
+        self.uncalibrated.add(f"{collective}:domain")
+        if self.default is not None:
+            curve = self.default.bandwidth_curve(collective, "domain", ranks) or self.default.bandwidth_curve(
+                "all_reduce", "domain", ranks
+            )
+            if curve is not None and curve.reference_bandwidth_bytes_per_s:
+                return curve, self.cluster.nvlink_bandwidth_bytes_per_s / curve.reference_bandwidth_bytes_per_s
+        return None, 1.0
+
+    def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
+        curve, scale = self._domain_curve(collective, ranks)
+        if curve is None:
+            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY
+        return curve.at(size) * scale
+
+    def _network_busbw(self, per_domain: int) -> float:
+        c = self.cluster
+        share = c.nic_bandwidth_per_gpu_bytes_per_s
+        return per_domain * share * NETWORK_EFFICIENCY / c.oversubscription
+
+    def _time(self, collective: str, group: Group, size: float) -> float:
+        n = group.size
+        if n <= 1 or size <= 0:
+            return 0.0
+        c = self.cluster
+        if not group.crosses_network:
+            busbw = self._domain_busbw(collective, n, size)
+            return bus_factor(collective, n) * size / busbw
+        self.uncalibrated.add(f"{collective}:network")
+        k = group.per_domain
+        lat = c.inter_node_latency_s
+        if collective == "send_recv":
+            return size / (c.nic_bandwidth_per_gpu_bytes_per_s * NETWORK_EFFICIENCY / c.oversubscription) + lat
+        if collective == "all_to_all":
+            nv = (k - 1) / n * size / self._domain_busbw("all_to_all", max(k, 2), size) if k > 1 else 0.0
+            net_bw = c.nic_bandwidth_per_gpu_bytes_per_s * NETWORK_EFFICIENCY / c.oversubscription
+            return max(nv, (n - k) / n * size / net_bw) + (n - 1) * lat
+        busbw = self._network_busbw(k)
+        if k > 1:
+            busbw = min(busbw, self._domain_busbw(collective, k, size))
+        steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
+        # NCCL switches to tree algorithms when rings get long; latency then grows with log2(n).
+        steps = min(steps, 2 * math.ceil(math.log2(n)) * (2 if collective == "all_reduce" else 1))
+        return bus_factor(collective, n) * size / busbw + steps * lat

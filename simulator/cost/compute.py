@@ -1,0 +1,109 @@
+"""Compute cost: how long one operator takes on one device.
+
+``time = max(FLOPs / (peak · efficiency), bytes / HBM bandwidth)`` for GEMMs and attention, and
+``bytes / (HBM bandwidth · efficiency)`` for memory-bound kernels (Design: Physics, Compute time).
+Efficiency comes from the cluster's calibration table (measured kernels, interpolated in log-space of the
+problem size); where the table has no curve for an op class and precision, the built-in *default* table is
+used (curves derived from the measured devices, expressed against the op's ideal time at peak so that they
+transfer between devices) and the op is reported as uncalibrated. Costs are computed once per distinct
+op shape and cached in the model object, so the engine's hot path only looks them up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.graph.ops import Op
+from simulator.specs.calibration import CalibrationTable, EfficiencyCurve
+from simulator.specs.hardware import DeviceSpec
+
+__all__ = ["FALLBACK_EFFICIENCY", "ComputeModel"]
+
+# Used only when neither the cluster's table nor the default table has a curve for an op class: a flat
+# efficiency per class. Sources: the large-size plateaus of the measured A100/H100 tables that ship with
+# clustersim (hardware_profiles/calibration/), rounded down; the default table normally covers every class.
+FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.7}
+
+
+@dataclass
+class ComputeModel:
+    """Operator durations for one device, calibration table and training precision.
+
+    Parameters
+    ----------
+    device : DeviceSpec
+        The accelerator.
+    table : CalibrationTable or None
+        Measured curves for this device (the cluster's ``calibration``).
+    default : CalibrationTable or None
+        Device-independent default curves (axis ``ideal_seconds``).
+    precision : str
+        ``fp16``, ``bf16`` or ``fp8``; FP8 applies to the GEMMs of transformer layers (Transformer Engine),
+        while attention, the output layer and memory-bound kernels stay in 16-bit.
+    """
+
+    device: DeviceSpec
+    table: CalibrationTable | None
+    default: CalibrationTable | None
+    precision: str
+    _cache: dict[tuple[object, ...], float] = field(default_factory=dict, repr=False)
+    uncalibrated: set[str] = field(default_factory=set, repr=False)
+
+    def _curve(self, op_class: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
+        """(curve, calibrated?) for an op class at a precision."""
+        if self.table is not None:
+            curve = self.table.compute_curve(op_class, precision)
+            if curve is not None:
+                return curve, True
+        if self.default is not None:
+            curve = self.default.compute_curve(op_class, precision)
+            if curve is None:
+                curve = self.default.compute_curve(op_class, "any")
+            if curve is not None:
+                return curve, False
+        return None, False
+
+    def op_precision(self, op: Op) -> str:
+        """The precision an op computes in under this model's training precision."""
+        fp8_excluded = ("head.", "moe.router", "attn.scores", "attn.context")
+        if self.precision == "fp8" and op.kind == "gemm" and not op.name.startswith(fp8_excluded):
+            return "fp8"
+        return "fp16" if self.precision == "fp16" else "bf16"
+
+    def time(self, op: Op) -> float:
+        """Seconds for ``op`` (cached per shape)."""
+        precision = self.op_precision(op)
+        key = (precision, *op.shape_key())
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        seconds = self._time(op, precision)
+        self._cache[key] = seconds
+        return seconds
+
+    def _time(self, op: Op, precision: str) -> float:
+        hbm = self.device.hbm_bandwidth_bytes_per_s
+        if op.kind == "memory":
+            size = op.bytes
+            if size <= 0:
+                return 0.0
+            curve, calibrated = self._curve("memory", precision)
+            eff = self._efficiency(curve, calibrated, "memory", size, hbm)
+            return size / (hbm * eff)
+        flops = op.flops
+        if flops <= 0:
+            return 0.0
+        peak = self.device.peak(precision)
+        curve, calibrated = self._curve(op.kind, precision)
+        eff = self._efficiency(curve, calibrated, f"{op.kind}:{precision}", flops, peak)
+        return max(flops / (peak * eff), op.bytes / hbm)
+
+    def _efficiency(
+        self, curve: EfficiencyCurve | None, calibrated: bool, label: str, size: float, peak: float
+    ) -> float:
+        if curve is None:
+            self.uncalibrated.add(label)
+            return FALLBACK_EFFICIENCY[label.split(":", maxsplit=1)[0]]
+        if not calibrated:
+            self.uncalibrated.add(label)
+        return max(curve.at(size, peak), 1e-4)

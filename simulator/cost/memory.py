@@ -1,0 +1,161 @@
+"""Memory cost: the peak bytes one rank of each pipeline stage holds.
+
+Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
+
+* weights: 2 bytes per local parameter (16-bit), divided by the data-parallel degree under ZeRO-3/FSDP;
+* gradients: 4 bytes (fp32 main gradients, bf16 training) or 2 (fp16), divided by dp under ZeRO-2/3;
+* optimizer: 12 bytes (fp32 master weight, Adam momentum and variance), divided by dp under ZeRO-1 and up
+  (Megatron's distributed optimizer; Rajbhandari et al. 2020, Sec. 5);
+* activations: what each model chunk keeps per micro-batch (from the operator graph, sharded), times the
+  number of micro-batches the schedule holds at its peak (read off the generated task order). Full
+  recomputation keeps only each layer's input (Korthikanti et al. 2022, Sec. 5) plus one layer's working
+  set while it is recomputed; selective recomputation drops what the attention core alone keeps;
+* buffers: transient tensors that live outside the saved activations (the 16-bit logits before the fp32
+  cross-entropy on the last stage; under ZeRO-3 the gathered parameters of the current and the
+  prefetched layer) and a fixed per-process reserve for the CUDA context, library workspaces and NCCL
+  buffers (:data:`RESERVED_BYTES`).
+
+Parameters of experts are counted once per expert-parallel rank; ZeRO divides them over the
+expert-data-parallel group instead of the whole data-parallel group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.graph.transformer import ModelGraph
+from simulator.parallel.layout import Layout
+from simulator.parallel.program import chunk_params, grad_bytes_per_param, shard_op
+from simulator.parallel.schedule import Task, in_flight
+from simulator.parallel.stages import Chunk
+from simulator.units import GIB, fmt_bytes
+
+__all__ = ["RESERVED_BYTES", "StageMemory", "stage_memory"]
+
+# CUDA context (~0.5 GiB on Ampere/Hopper with lazy module loading), cuBLAS/cuDNN workspaces and NCCL
+# communicator buffers (NCCL_BUFFSIZE 4 MiB per channel and peer): source pending, see RESERVED_SOURCE.
+RESERVED_BYTES = 2.0 * GIB
+RESERVED_SOURCE = "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    """Peak memory of one rank of one pipeline stage, by category (bytes)."""
+
+    stage: int
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float
+    capacity: float
+
+    @property
+    def total(self) -> float:
+        """Sum of all categories."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+
+    @property
+    def over(self) -> float:
+        """Bytes above capacity (0 when it fits)."""
+        return max(0.0, self.total - self.capacity)
+
+    def describe(self) -> str:
+        """One line: total, capacity and the largest categories."""
+        parts = {
+            "weights": self.weights,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "buffers": self.buffers,
+        }
+        detail = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]))
+        return f"{fmt_bytes(self.total)} of {fmt_bytes(self.capacity)} ({detail})"
+
+    def as_dict(self) -> dict[str, float]:
+        """Plain data for JSON output."""
+        return {
+            "stage": self.stage,
+            "weights_bytes": self.weights,
+            "gradients_bytes": self.gradients,
+            "optimizer_bytes": self.optimizer,
+            "activations_bytes": self.activations,
+            "buffers_bytes": self.buffers,
+            "total_bytes": self.total,
+            "capacity_bytes": self.capacity,
+        }
+
+
+def _chunk_activations(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float, float]:
+    """(bytes kept per micro-batch, transient working set of one layer) for a chunk."""
+    kept = 0.0
+    working = 0.0
+    tokens = layout.micro_batch * layout.seq_len / layout.cp.size
+    sp_div = layout.tp.size if layout.sequence_parallel else 1
+    layer_input = 2.0 * tokens * graph.model.hidden / sp_div  # 16-bit layer input
+    for name, count in chunk.blocks:
+        ops = [shard_op(op, layout) for op in graph.block(name).forward]
+        full = sum(op.act_bytes for op in ops)
+        if name.startswith("layer.") and layout.recompute == "full":
+            kept += layer_input * count
+            working = max(working, full)
+        elif name.startswith("layer.") and layout.recompute == "selective":
+            # The recomputed attention core still needs Q, K and V; what it alone keeps is dropped:
+            # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused).
+            dropped = sum(op.act_bytes for op in ops if op.name in ("attn.softmax", "attn.dropout"))
+            dropped += sum(4.0 * op.batch * op.heads * op.seq_q for op in ops if op.kind == "attention")
+            kept += (full - dropped) * count
+        else:
+            kept += full * count
+    return kept, working
+
+
+def stage_memory(
+    graph: ModelGraph,
+    layout: Layout,
+    chunks: tuple[Chunk, ...],
+    order: tuple[Task, ...],
+    capacity: float,
+) -> StageMemory:
+    """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``."""
+    plan = layout.plan
+    dense = expert = 0.0
+    for chunk in chunks:
+        d, e = chunk_params(graph, layout, chunk)
+        dense += d
+        expert += e
+    dp, edp = layout.dp.size, layout.edp.size
+    zero = plan.zero_stage
+    weights = 2.0 * (dense / dp + expert / edp if zero >= 3 else dense + expert)
+    grad_b = grad_bytes_per_param(plan.precision)
+    gradients = grad_b * (dense / dp + expert / edp if zero >= 2 else dense + expert)
+    optimizer = 12.0 * (dense / dp + expert / edp if zero >= 1 else dense + expert)
+
+    live = in_flight(order, layout.vp)
+    activations = 0.0
+    working = 0.0
+    for chunk in chunks:
+        kept, work = _chunk_activations(graph, layout, chunk)
+        activations += kept * live[chunk.chunk]
+        working = max(working, work)
+    activations += working
+
+    buffers = RESERVED_BYTES
+    if any(name == "head" for c in chunks for name, _ in c.blocks):
+        tokens = layout.micro_batch * layout.seq_len / layout.cp.size
+        buffers += 2.0 * tokens * graph.model.vocab / layout.tp.size  # 16-bit logits before the fp32 loss
+    if zero >= 3 and dp > 1:
+        largest = 0.0
+        for chunk in chunks:
+            for name, _ in chunk.blocks:
+                largest = max(largest, sum(shard_op(op, layout).params for op in graph.block(name).forward))
+        buffers += 2 * 2.0 * largest  # current and prefetched layer, gathered in 16-bit
+    return StageMemory(
+        stage=chunks[0].stage,
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        buffers=buffers,
+        capacity=capacity,
+    )

@@ -1,0 +1,142 @@
+"""Operators: the unit of work the cost models time.
+
+An :class:`Op` is one kernel-sized piece of work described by its *shape*, not by its cost: GEMMs by
+``(batch, m, n, k)``, attention cores by batch, heads, query and key lengths and head size, memory-bound
+kernels (norms, activations, residual adds, dropout, RoPE, embedding lookups, the optimizer update) by the
+bytes they read and write. FLOPs and bytes are derived from the shape, so sharding an op (parallel/)
+only changes its shape: ``tok_axis`` names the shape field that scales with the tokens of the micro-batch
+(divided by context parallelism, and by sequence parallelism where ``sp_tokens``), ``tp_axis`` the field
+that Megatron tensor parallelism divides (n for column-parallel, k or m for row-parallel, heads for the
+attention core, bytes for memory ops over TP-split tensors, nothing for replicated ops). ``act_bytes``
+is what the op keeps for the backward pass (Korthikanti et al. 2022, Sec. 4.1 accounting, 16-bit
+activations and 1-byte dropout masks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["AXES", "KINDS", "PHASES", "Op"]
+
+KINDS = ("gemm", "attention", "memory")
+PHASES = ("fwd", "bwd_input", "bwd_weight", "bwd", "opt")
+AXES = ("", "m", "n", "k", "batch", "heads", "seq_q", "bytes", "vocab")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One operator of one micro-batch on one rank.
+
+    Parameters
+    ----------
+    name : str
+        Dotted name, unique inside its block, e.g. ``attn.qkv`` or ``mlp.down.dgrad``.
+    kind : str
+        ``gemm``, ``attention`` or ``memory``.
+    phase : str
+        ``fwd``, ``bwd_input`` (activation gradient), ``bwd_weight`` (weight gradient), ``bwd`` (both, for
+        ops without weights) or ``opt``.
+    m, n, k, batch : int
+        GEMM shape: ``batch`` independent (m×k)·(k×n) products. ``m`` is the token dimension.
+    heads, kv_heads, seq_q, seq_kv, head_dim, causal
+        Attention core shape (``batch`` is the micro-batch size).
+    read_bytes, write_bytes : float
+        HBM traffic of a memory-bound op.
+    flop_factor : float
+        FLOPs per element for memory-bound ops that also compute (kept small; they are timed by bytes).
+    params : int
+        Parameters this op owns (forward op only; 0 for backward ops).
+    act_bytes : float
+        Bytes saved for the backward pass (forward op only).
+    tok_axis, tp_axis : str
+        Shape field divided by token sharding (CP, SP) and by tensor parallelism (see :data:`AXES`).
+    sp_tokens : bool
+        Whether sequence parallelism splits this op's tokens over the TP group (norms, dropout, residuals).
+    causal_skip : bool
+        Whether the kernel skips fully masked blocks (FlashAttention does, halving causal FLOPs).
+    """
+
+    name: str
+    kind: str
+    phase: str = "fwd"
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    heads: int = 0
+    kv_heads: int = 0
+    seq_q: int = 0
+    seq_kv: int = 0
+    head_dim: int = 0
+    causal: bool = False
+    causal_skip: bool = True
+    read_bytes: float = 0.0
+    write_bytes: float = 0.0
+    params: int = 0
+    act_bytes: float = 0.0
+    tok_axis: str = ""
+    tp_axis: str = ""
+    sp_tokens: bool = False
+    bwd_factor: float = 1.0  # attention: backward FLOPs relative to forward (hardware count)
+
+    # -- derived quantities ---------------------------------------------------------------------------
+    @property
+    def flops(self) -> float:
+        """Hardware FLOPs executed (what the device actually computes)."""
+        if self.kind == "gemm":
+            return 2.0 * self.batch * self.m * self.n * self.k
+        if self.kind == "attention":
+            full = 4.0 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
+            if self.causal and self.causal_skip:
+                full *= 0.5
+            return full * (self.bwd_factor if self.phase != "fwd" else 1.0)
+        return 0.0
+
+    @property
+    def model_flops(self) -> float:
+        """FLOPs counted by MFU: attention scores and context at full s² (PaLM, Chowdhery et al. 2022,
+        App. B; Megatron's F_MEG21), backward = 2 × forward (no recomputation, no causal discount)."""
+        if self.kind == "gemm":
+            return self.flops
+        if self.kind == "attention":
+            full = 4.0 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
+            return full * (2.0 if self.phase != "fwd" else 1.0)
+        return 0.0
+
+    @property
+    def bytes(self) -> float:
+        """HBM bytes moved: explicit for memory ops; operands and result (16-bit) for GEMMs and attention."""
+        if self.kind == "memory":
+            return self.read_bytes + self.write_bytes
+        if self.kind == "gemm":
+            return 2.0 * self.batch * (self.m * self.k + self.k * self.n + self.m * self.n)
+        # FlashAttention reads Q, K, V and writes O once per pass (plus the fp32 log-sum-exp).
+        q = self.batch * self.seq_q * self.heads * self.head_dim
+        kv = self.batch * self.seq_kv * self.kv_heads * self.head_dim
+        passes = 2.0 if self.phase != "fwd" else 1.0
+        return passes * 2.0 * (2 * q + 2 * kv)
+
+    def shape_key(self) -> tuple[Any, ...]:
+        """Everything that determines the op's time (its name and accounting fields excluded)."""
+        return (
+            self.kind,
+            self.phase if self.kind == "attention" else "",
+            self.m,
+            self.n,
+            self.k,
+            self.batch,
+            self.heads,
+            self.kv_heads,
+            self.seq_q,
+            self.seq_kv,
+            self.head_dim,
+            self.causal and self.causal_skip,
+            self.bwd_factor if self.kind == "attention" else 1.0,
+            self.read_bytes,
+            self.write_bytes,
+        )
+
+    def with_(self, **changes: Any) -> Op:
+        """A copy with some fields changed."""
+        return replace(self, **changes)

@@ -1,0 +1,168 @@
+"""A resolved layout: every knob fixed, every rule checked, every communication group placed.
+
+Ranks are ordered as Megatron-LM orders them (``tp-cp-ep-dp-pp``: tensor-parallel ranks are adjacent,
+pipeline stages are farthest apart), so a group is described by its size and the rank *stride* between
+members. Placing a group on the cluster tells how many members share one NVLink domain (a node, or a
+whole NVL72 rack) and how many domains it spans; a group that spans domains runs hierarchically and its
+slowest tier dominates (Design: Physics, Collectives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import InfeasiblePlanError
+from simulator.specs.hardware import ClusterSpec
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+
+__all__ = ["Group", "Layout", "place", "resolve_layout"]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A communication group: ``size`` ranks, ``stride`` apart in the global rank order.
+
+    ``per_domain`` members share one NVLink domain; the group spans ``domains`` domains.
+    """
+
+    name: str
+    size: int
+    stride: int
+    per_domain: int
+    domains: int
+
+    @property
+    def crosses_network(self) -> bool:
+        """Whether traffic of this group leaves the NVLink domain."""
+        return self.domains > 1
+
+
+def place(name: str, size: int, stride: int, cluster: ClusterSpec) -> Group:
+    """Place a group of ``size`` ranks with rank ``stride`` on the cluster.
+
+    >>> from simulator.specs.hardware import ClusterSpec, DeviceSpec
+    >>> dev = DeviceSpec(name="d", peak_flops=(("bf16", 1e15),), hbm_bytes=8e10, hbm_bandwidth_bytes_per_s=3e12)
+    >>> c = ClusterSpec(name="c", device=dev, gpus_per_node=8, nvlink_bandwidth_bytes_per_s=4.5e11,
+    ...                 nics_per_node=8, nic_bandwidth_bytes_per_s=5e10)
+    >>> g = place("dp", 16, 8, c)
+    >>> (g.per_domain, g.domains)
+    (1, 16)
+    """
+    domain = cluster.nvlink_domain_gpus
+    if size <= 1:
+        return Group(name, 1, stride, 1, 1)
+    per_domain = 1 if stride >= domain else max(1, min(size, domain // stride))
+    domains = -(-size // per_domain)
+    return Group(name, size, stride, per_domain, domains)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A plan with every knob fixed, plus derived counts and placed groups."""
+
+    plan: PlanSpec
+    micro_batch: int
+    num_micro_batches: int
+    vp: int
+    schedule: str
+    sequence_parallel: bool
+    recompute: str
+    grad_overlap: bool
+    tp_overlap: bool
+    seq_len: int
+    tp: Group
+    cp: Group
+    ep: Group
+    dp: Group  # gradient reduction group of dense parameters: dp × cp ranks (Megatron)
+    edp: Group  # expert-data-parallel group: dp·cp / ep ranks
+    pp: Group
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs in the job."""
+        return self.plan.num_gpus
+
+
+def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> Layout:
+    """Check ``plan`` against ``model`` and ``cluster`` and place its groups; every free knob must be set.
+
+    Raises
+    ------
+    InfeasiblePlanError
+        When a degree does not divide what it must, or the job does not fit the cluster.
+    """
+    free = plan.free_knobs
+    assert not free, f"knobs still free at layout time: {free} (run.simulate resolves them first)"
+    tp, pp, dp, cp, ep = plan.tp, plan.pp, plan.dp, plan.cp, plan.ep
+    seq_len = plan.seq_len or model.seq_len
+    mb = plan.micro_batch
+    assert mb is not None
+    vp = plan.vp or 1
+    _require(model.heads % tp == 0, f"'tp' must divide 'heads': tp={tp}, heads={model.heads}")
+    _require(
+        model.kv_heads % tp == 0 or tp % model.kv_heads == 0,
+        f"'tp' and 'kv_heads' must divide one another: tp={tp}, kv_heads={model.kv_heads}",
+    )
+    _require(pp <= model.layers, f"'pp' must be at most 'layers': pp={pp}, layers={model.layers}")
+    if vp > 1:
+        _require(
+            model.layers % (pp * vp) == 0,
+            f"'pp·vp' must divide 'layers' for interleaving: pp={pp}, vp={vp}, layers={model.layers}",
+        )
+    _require(seq_len % cp == 0, f"'cp' must divide 'seq_len': cp={cp}, seq_len={seq_len}")
+    if cp > 1:
+        # Load-balanced causal ring attention splits each sequence into 2·cp chunks (Megatron-LM / TE).
+        _require(seq_len % (2 * cp) == 0, f"'2·cp' must divide 'seq_len': cp={cp}, seq_len={seq_len}")
+    if ep > 1:
+        _require(model.moe is not None, f"'ep' > 1 needs a mixture-of-experts model: ep={ep}, model={model.name}")
+        assert model.moe is not None
+        _require(
+            model.moe.num_experts % ep == 0,
+            f"'ep' must divide 'num_experts': ep={ep}, num_experts={model.moe.num_experts}",
+        )
+        _require((dp * cp) % ep == 0, f"'ep' must divide dp·cp: ep={ep}, dp={dp}, cp={cp}")
+    _require(
+        plan.global_batch % (dp * mb) == 0,
+        f"'global_batch' must be a multiple of dp·micro_batch: global_batch={plan.global_batch}, dp={dp}, "
+        f"micro_batch={mb}",
+    )
+    if cluster.max_gpus is not None:
+        _require(
+            plan.num_gpus <= cluster.max_gpus,
+            f"the job needs {plan.num_gpus} GPUs but cluster {cluster.name} has {cluster.max_gpus}",
+        )
+    m = plan.global_batch // (dp * mb)
+    schedule = plan.schedule or ("interleaved" if vp > 1 else "1f1b")
+    if schedule == "interleaved" and vp == 1:
+        raise InfeasiblePlanError("the interleaved schedule needs vp >= 2")
+    if schedule != "interleaved" and vp > 1:
+        raise InfeasiblePlanError(f"vp={vp} needs the interleaved schedule, not {schedule}")
+    sp = bool(plan.sequence_parallel) if plan.sequence_parallel is not None else tp > 1
+    if tp == 1:
+        sp = False
+    recompute = plan.recompute
+    assert recompute is not None
+    return Layout(
+        plan=plan,
+        micro_batch=mb,
+        num_micro_batches=m,
+        vp=vp,
+        schedule=schedule,
+        sequence_parallel=sp,
+        recompute=recompute,
+        grad_overlap=bool(plan.grad_overlap),
+        tp_overlap=bool(plan.tp_overlap),
+        seq_len=seq_len,
+        tp=place("tp", tp, 1, cluster),
+        cp=place("cp", cp, tp, cluster),
+        ep=place("ep", ep, tp, cluster),
+        dp=place("dp", dp * cp, tp, cluster),
+        edp=place("edp", dp * cp // ep, tp * ep, cluster),
+        pp=place("pp", pp, tp * cp * dp, cluster),
+    )
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise InfeasiblePlanError(message)

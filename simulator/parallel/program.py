@@ -1,0 +1,410 @@
+"""The work of one rank for one model chunk: sharded operators and the collectives sharding implies.
+
+For each pipeline stage and model chunk this module builds three *programs* (forward, backward, and for
+zero-bubble schedules a separate weight-gradient pass): ordered lists of :class:`Step` s, each an
+operator on the compute stream or a collective on a communication stream, with explicit waits. The engine
+evaluates a program by running every stream in order and honouring the waits; the cost models supply the
+durations. Collective placement follows Megatron-LM:
+
+* Tensor parallelism (Shoeybi et al. 2019): without sequence parallelism, an all-reduce of the
+  [s·b, h] activations after the attention output projection and after the MLP in forward, and after the
+  QKV and MLP-input activation gradients in backward. With sequence parallelism (Korthikanti et al. 2022,
+  Sec. 4.2.2) each all-reduce becomes a reduce-scatter and an all-gather around the TP region, and the
+  backward re-gathers the sequence-split input for the weight gradient.
+* Backward activation-gradient collectives overlap the weight-gradient GEMM that follows them (Megatron-LM
+  ``LinearWithGradAccumulationAndAsyncCommunication``, on by default since 2022). With ``tp_overlap``
+  (Transformer Engine userbuffers) the forward all-gathers and reduce-scatters are also pipelined with
+  their GEMMs.
+* Context parallelism (ring attention; Liu et al. 2023, Megatron-LM/TE implementation): the attention core
+  runs in cp steps; each step's KV block exchange with the ring neighbours overlaps the previous step's
+  compute; backward circulates KV and its gradient (twice the bytes).
+* Expert parallelism (Lepikhin et al. 2020, GShard; Megatron-Core token dispatcher): an all-to-all
+  dispatches routed tokens to their experts and another combines them, in forward and backward.
+* ZeRO-3 / FSDP (Rajbhandari et al. 2020; Zhao et al. 2023): each layer's parameters are all-gathered
+  before its forward (prefetched during the previous layer) and again before its backward; its gradients
+  are reduce-scattered after its backward, asynchronously.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from simulator.graph.ops import Op
+from simulator.graph.transformer import ModelGraph
+from simulator.parallel.layout import Group, Layout
+from simulator.parallel.stages import Chunk
+
+__all__ = ["Comm", "Program", "Step", "build_programs", "chunk_params", "grad_bytes_per_param", "shard_op"]
+
+ACT_BYTES = 2  # 16-bit activations and activation gradients on the wire
+
+
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """One collective of one rank.
+
+    ``size_bytes`` follows nccl-tests: the buffer size for all-reduce, the *gathered* size for all-gather,
+    the *input* size for reduce-scatter, the send buffer for all-to-all, and the message for send/recv.
+    ``kind`` is the breakdown bucket it is charged to (tp, cp, ep, dp, pp).
+    """
+
+    name: str
+    collective: str
+    group: Group
+    size_bytes: float
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One entry of a program: an operator or a collective, the stream it runs on, what it waits for.
+
+    ``waits`` are indices of earlier steps (in addition to the order of the step's own stream).
+    ``overlapped`` marks compute that runs while a collective is in flight (for the overlap slowdown).
+    """
+
+    work: Op | Comm
+    stream: str
+    waits: tuple[int, ...] = ()
+    overlapped: bool = False
+
+
+Program = tuple[Step, ...]
+
+
+def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> Op:
+    """The part of ``op`` one rank executes under ``layout``.
+
+    Tokens are divided by cp (and by tp where sequence parallelism splits them); the TP axis by tp;
+    expert GEMMs are spread over ep ranks, each receiving ep times the tokens per expert, scaled by the
+    plan's expert imbalance factor (the busiest rank sets the pace).
+    """
+    tp = layout.tp.size
+    cp = layout.cp.size
+    tok_div = cp * (tp if layout.sequence_parallel and op.sp_tokens else 1)
+    tp_div = tp if op.tp_axis else 1
+    act_div = cp * (tp if (op.tp_axis or (layout.sequence_parallel and tp > 1)) else 1)
+    changes: dict[str, object] = {
+        "act_bytes": op.act_bytes / act_div,
+        "params": op.params // tp_div if op.tp_axis else op.params,
+    }
+    if op.kind == "memory":
+        scale = 1.0 / (tok_div * (tp if op.tp_axis == "bytes" else 1))
+        changes["read_bytes"] = op.read_bytes * scale
+        changes["write_bytes"] = op.write_bytes * scale
+        return op.with_(**changes)
+    if op.kind == "attention":
+        changes["seq_q"] = _ceil(op.seq_q, cp)
+        changes["heads"] = _ceil(op.heads, tp)
+        changes["kv_heads"] = max(1, op.kv_heads // tp)
+        return op.with_(**changes)
+    expert = op.batch > 1 and op.name.startswith("moe.experts")
+    for axis, div in ((op.tok_axis, tok_div), (op.tp_axis, tp_div)):
+        if axis and div > 1:
+            changes[axis] = _ceil(int(getattr(op, axis)), div)
+    if expert:
+        ep = layout.ep.size
+        field = op.tok_axis
+        base = int(changes.get(field, getattr(op, field)))  # type: ignore[call-overload]
+        changes[field] = max(1, math.ceil(base * ep * layout.plan.expert_imbalance))
+        changes["batch"] = op.batch // ep
+        changes["params"] = int(changes["params"]) // ep  # type: ignore[call-overload]
+    return op.with_(**changes)
+
+
+def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float, float]:
+    """(dense, expert) parameters one rank holds for ``chunk``.
+
+    With pipelining and tied embeddings, the last stage keeps its own copy of the embedding matrix for the
+    output layer, kept in sync by an all-reduce of its gradient with the first stage (Megatron-LM).
+    """
+    dense = expert = 0.0
+    for name, count in chunk.blocks:
+        for op in graph.block(name).forward:
+            local = shard_op(op, layout).params * count
+            if op.batch > 1 and op.name.startswith("moe.experts"):
+                expert += local
+            else:
+                dense += local
+    if any(name == "head" for name, _ in chunk.blocks) and graph.model.tied_embeddings and layout.pp.size > 1:
+        dense += graph.model.vocab * graph.model.hidden / layout.tp.size
+    return dense, expert
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grad_bytes_per_param(precision: str) -> int:
+    """Bytes per gradient element kept and reduced.
+
+    Megatron-LM accumulates and all-reduces gradients in fp32 when training in bf16
+    (``accumulate_allreduce_grads_in_fp32``, set automatically with ``--bf16``) and in the model dtype
+    (fp16) otherwise (Megatron-LM ``arguments.py``).
+    """
+    return 2 if precision == "fp16" else 4
+
+
+class _Builder:
+    """Appends steps and wires waits: blocking, overlapped (joined by a later compute), or labelled."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.last_compute: int | None = None
+        self.computes = 0
+        self.joins: dict[int, list[int]] = {}  # compute ordinal -> comm steps it must wait for
+        self.labels: dict[str, list[int]] = {}  # label -> comm steps joined by wait_for(label)
+        self.in_flight: set[int] = set()  # comm steps not yet waited for
+
+    def compute(self, op: Op) -> None:
+        waits = self.joins.pop(self.computes, [])
+        self.in_flight.difference_update(waits)
+        self.steps.append(Step(op, "compute", tuple(sorted(waits)), bool(self.in_flight)))
+        self.last_compute = len(self.steps) - 1
+        self.computes += 1
+
+    def comm(self, comm: Comm, *, stream: str = "comm", join: int = 1, label: str = "") -> None:
+        """Issue ``comm`` after the last compute.
+
+        The ``join``-th next compute waits for it (1: the next one, i.e. blocking; 2: the one after,
+        i.e. overlapped with the next compute); with ``label`` the compute after :meth:`wait_for`
+        waits; with ``join=0`` and no label nothing inside the program waits (detached).
+        """
+        waits = () if self.last_compute is None else (self.last_compute,)
+        self.steps.append(Step(comm, stream, waits))
+        index = len(self.steps) - 1
+        self.in_flight.add(index)
+        if label:
+            self.labels.setdefault(label, []).append(index)
+        elif join > 0:
+            self.joins.setdefault(self.computes + join - 1, []).append(index)
+
+    def wait_for(self, label: str) -> None:
+        """Make the next compute wait for the comms issued under ``label``."""
+        for index in self.labels.pop(label, []):
+            self.joins.setdefault(self.computes, []).append(index)
+
+    def finish(self) -> Program:
+        # Comms nobody joined (tail collectives, detached gradient scatters) stay in the program; the
+        # engine decides whether the program's length includes them.
+        return tuple(self.steps)
+
+
+def build_programs(
+    graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...]
+) -> tuple[Program, Program, Program]:
+    """Forward, backward and weight-gradient programs of one chunk made of ``blocks``.
+
+    ``blocks`` lists ``(block name, repeat count)`` in forward order, e.g.
+    ``(("embedding", 1), ("layer.dense", 4))``. For schedules other than ``zb_h1`` the weight-gradient
+    program is empty and the backward program contains the weight gradients.
+    """
+    return _build_cached(graph, layout, blocks)
+
+
+@lru_cache(maxsize=4096)
+def _build_cached(
+    graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...]
+) -> tuple[Program, Program, Program]:
+    split_w = layout.schedule == "zb_h1"
+    fwd = _Builder()
+    bwd = _Builder()
+    wgt = _Builder()
+    zero3 = layout.plan.zero_stage == 3 and layout.dp.size > 1
+    moe = graph.model.moe
+    experts = moe.num_experts if moe is not None else 0
+    top_k = moe.top_k if moe is not None else 1
+
+    def sharded(ops: tuple[Op, ...]) -> list[Op]:
+        return [shard_op(op, layout, experts, top_k) for op in ops]
+
+    # Every block instance of the chunk in forward order, each with its sharded forward and backward ops.
+    instances: list[tuple[str, list[Op], list[Op]]] = []
+    for name, count in blocks:
+        block = graph.block(name)
+        f_ops, b_ops = sharded(block.forward), sharded(block.backward)
+        instances += [(name, f_ops, b_ops)] * count
+    # Forward; under ZeRO-3 each instance's parameters are gathered one instance ahead (prefetch).
+    for j, (name, f_ops, _) in enumerate(instances):
+        if zero3:
+            if j == 0:
+                fwd.comm(_param_gather(f_ops, layout, name), stream="dp", label="f0")
+            if j + 1 < len(instances):
+                nxt = instances[j + 1]
+                fwd.comm(_param_gather(nxt[1], layout, nxt[0]), stream="dp", label=f"f{j + 1}")
+            fwd.wait_for(f"f{j}")
+        _emit_forward(fwd, name, f_ops, layout, graph)
+    # Backward in reverse; recomputation first where the plan asks for it.
+    rev = list(reversed(instances))
+    for j, (name, f_ops, b_ops) in enumerate(rev):
+        if zero3:
+            if j == 0:
+                bwd.comm(_param_gather(f_ops, layout, name), stream="dp", label="b0")
+            if j + 1 < len(rev):
+                nxt = rev[j + 1]
+                bwd.comm(_param_gather(nxt[1], layout, nxt[0]), stream="dp", label=f"b{j + 1}")
+            bwd.wait_for(f"b{j}")
+        if name.startswith("layer."):
+            _emit_recompute(bwd, name, f_ops, layout, graph)
+        _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
+        if zero3:
+            (wgt if split_w else bwd).comm(_grad_scatter(f_ops, layout, name), stream="dp", join=0)
+    return fwd.finish(), bwd.finish(), wgt.finish()
+
+
+def _param_gather(f_ops: list[Op], layout: Layout, name: str) -> Comm:
+    params = sum(op.params for op in f_ops)
+    return Comm(f"{name}.param_all_gather", "all_gather", layout.dp, float(2 * params), "dp")
+
+
+def _grad_scatter(f_ops: list[Op], layout: Layout, name: str) -> Comm:
+    params = sum(op.params for op in f_ops)
+    size = float(grad_bytes_per_param(layout.plan.precision) * params)
+    return Comm(f"{name}.grad_reduce_scatter", "reduce_scatter", layout.dp, size, "dp")
+
+
+def _tokens(layout: Layout) -> int:
+    return layout.micro_batch * layout.seq_len // layout.cp.size
+
+
+def _tp_comms(layout: Layout, hidden: int, tag: str) -> tuple[Comm | None, Comm | None, Comm | None]:
+    """(all-gather before, reduce-scatter after, all-reduce after) of a TP region of width ``hidden``."""
+    if layout.tp.size == 1:
+        return None, None, None
+    size = float(ACT_BYTES * _tokens(layout) * hidden)
+    if layout.sequence_parallel:
+        return (
+            Comm(f"{tag}.all_gather", "all_gather", layout.tp, size, "tp"),
+            Comm(f"{tag}.reduce_scatter", "reduce_scatter", layout.tp, size, "tp"),
+            None,
+        )
+    return None, None, Comm(f"{tag}.all_reduce", "all_reduce", layout.tp, size, "tp")
+
+
+# Where each TP region starts and ends, by forward op name.
+_REGION_START = {"attn.qkv": "attn", "mlp.up": "mlp", "moe.router": "mlp", "head.logits": "head"}
+_REGION_END = {"attn.out": "attn", "mlp.down": "mlp", "moe.unpermute": "mlp", "embedding.lookup": "embedding"}
+
+
+def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph: ModelGraph) -> None:
+    h = graph.model.hidden
+    fwd_overlap = 2 if layout.tp_overlap else 1
+    shared_after_unpermute = any(op.name.startswith("moe.shared") for op in ops)
+    for op in ops:
+        region = _REGION_START.get(op.name)
+        if region is not None:
+            ag, _, _ = _tp_comms(layout, h, f"{block}.{region}")
+            if ag is not None:
+                b.comm(ag, join=fwd_overlap if op.kind == "gemm" and layout.tp_overlap else 1)
+        if op.name in ("moe.permute",) and layout.ep.size > 1:
+            _emit_compute(b, op, layout, graph)
+            b.comm(_a2a(layout, graph, f"{block}.dispatch"))
+            continue
+        if op.name == "moe.unpermute" and layout.ep.size > 1:
+            b.comm(_a2a(layout, graph, f"{block}.combine"))
+        _emit_compute(b, op, layout, graph)
+        end = _REGION_END.get(op.name)
+        if end is not None and not (op.name == "moe.unpermute" and shared_after_unpermute):
+            _, rs, ar = _tp_comms(layout, h, f"{block}.{end}")
+            for c in (rs, ar):
+                if c is not None:
+                    b.comm(c)
+        if op.name == "moe.shared.down":
+            _, rs, ar = _tp_comms(layout, h, f"{block}.mlp")
+            for c in (rs, ar):
+                if c is not None:
+                    b.comm(c)
+
+
+def _emit_compute(b: _Builder, op: Op, layout: Layout, graph: ModelGraph) -> None:
+    """One compute op; the attention core is split into cp ring steps when cp > 1."""
+    cp = layout.cp.size
+    if op.kind != "attention" or cp == 1:
+        b.compute(op)
+        return
+    piece = op.with_(seq_q=max(1, op.seq_q // cp))  # each ring step: local queries × one KV block
+    kv_bytes = float(ACT_BYTES * 2 * _tokens(layout) * max(1, graph.model.kv_heads // layout.tp.size))
+    kv_bytes *= graph.model.head_dim
+    if op.phase != "fwd":
+        kv_bytes *= 2  # KV and its gradient travel together in backward
+    for i in range(cp):
+        if i < cp - 1:
+            b.comm(Comm(f"{op.name}.ring_{i}", "send_recv", layout.cp, kv_bytes, "cp"), join=2)
+        b.compute(piece)
+
+
+def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:
+    moe = graph.model.moe
+    assert moe is not None
+    tokens = _tokens(layout)  # tokens were gathered over TP before the router (sequence parallelism)
+    size = float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
+    return Comm(f"{tag}.all_to_all", "all_to_all", layout.ep, size, "ep")
+
+
+def _emit_recompute(b: _Builder, block: str, f_ops: list[Op], layout: Layout, graph: ModelGraph) -> None:
+    if layout.recompute == "full":
+        _emit_forward(b, f"{block}.recompute", f_ops, layout, graph)
+    elif layout.recompute == "selective":
+        for op in f_ops:
+            if op.kind == "attention" or op.name.startswith(
+                ("attn.scores", "attn.softmax", "attn.dropout", "attn.context")
+            ):
+                _emit_compute(b, op.with_(act_bytes=0.0), layout, graph)
+
+
+# Backward TP collectives: before the first op of a region's backward (SP all-gather of the incoming
+# gradient) and after its activation-gradient GEMM (reduce-scatter or all-reduce of the input gradient).
+_BWD_REGION_START = {
+    "attn.out.dgrad": "attn",
+    "mlp.down.dgrad": "mlp",
+    "moe.unpermute.bwd": "mlp",
+    "moe.shared.down.dgrad": "mlp",
+    "head.cross_entropy.bwd": "head",
+    "embedding.lookup.bwd": "embedding",
+}
+_BWD_REGION_END = {
+    "attn.qkv.dgrad": "attn",
+    "mlp.up.dgrad": "mlp",
+    "moe.router.dgrad": "mlp",
+    "head.logits.dgrad": "head",
+}
+# Activation-gradient GEMMs whose weight-gradient partner needs the sequence-split input gathered again
+# (Megatron-LM issues that all-gather before the dgrad GEMM so that the two overlap).
+_DGRAD_WITH_INPUT_GATHER = {"attn.qkv.dgrad", "mlp.up.dgrad", "head.logits.dgrad", "moe.router.dgrad"}
+
+
+def _emit_backward(
+    b: _Builder, w: _Builder | None, block: str, ops: list[Op], layout: Layout, graph: ModelGraph
+) -> None:
+    h = graph.model.hidden
+    started: set[str] = set()
+    for op in ops:
+        region = _BWD_REGION_START.get(op.name)
+        if region is not None and region not in started:
+            started.add(region)
+            ag, _, _ = _tp_comms(layout, h, f"{block}.{region}.bwd")
+            if ag is not None and region != "head":
+                b.comm(ag, join=2 if layout.tp_overlap else 1)
+        if op.name == "moe.unpermute.bwd" and layout.ep.size > 1:
+            _emit_compute(b, op, layout, graph)
+            b.comm(_a2a(layout, graph, f"{block}.combine.bwd"))
+            continue
+        if op.name == "moe.permute.bwd" and layout.ep.size > 1:
+            b.comm(_a2a(layout, graph, f"{block}.dispatch.bwd"))
+        if op.phase == "bwd_weight" and w is not None:
+            w.compute(op)
+            continue
+        if op.name in _DGRAD_WITH_INPUT_GATHER and layout.sequence_parallel and w is None:
+            ag, _, _ = _tp_comms(layout, h, f"{block}.{op.name}.input")
+            if ag is not None:
+                b.comm(ag, join=2)  # joined by the weight-gradient GEMM right after the dgrad
+        _emit_compute(b, op, layout, graph)
+        end = _BWD_REGION_END.get(op.name)
+        if end is not None:
+            _, rs, ar = _tp_comms(layout, h, f"{block}.{end}.bwd")
+            for c in (rs, ar):
+                if c is not None:
+                    # Async: overlaps the weight-gradient GEMM that follows; joined by the op after it.
+                    b.comm(c, join=2 if w is None else 1)

@@ -1,0 +1,142 @@
+"""Pipeline schedules: the order in which each pipeline stage runs its micro-batch tasks.
+
+A schedule is *generated* here and *executed* by the engine, which resolves the cross-stage dependencies
+(a forward needs the previous stage's forward of the same micro-batch; a backward needs the next stage's
+backward), so the pipeline bubble is an outcome of the simulation, never a formula.
+
+* ``gpipe`` (Huang et al. 2019): all forwards, then all backwards; holds every micro-batch's activations.
+* ``1f1b`` (PipeDream-Flush, Narayanan et al. 2021): stage s runs p−s−1 warm-up forwards, then alternates
+  one forward and one backward, then drains; holds at most p−s micro-batches.
+* ``interleaved`` (Narayanan et al. SC21, Sec. 2.2; Megatron-LM ``forward_backward_pipelining_with_
+  interleaving``): each stage holds ``vp`` model chunks; micro-batches advance in groups of p through the
+  chunks; warm-up is 2·(p−s−1) + (v−1)·p tasks. As in Megatron-LM, the number of micro-batches must be a
+  multiple of p.
+* ``zb_h1`` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", ZB-H1): the backward is split into B
+  (activation gradient, on the critical path) and W (weight gradient); each stage defers its W passes so
+  that they fill the drain phase, with the same in-flight activations as 1F1B.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from simulator.errors import InfeasiblePlanError
+
+__all__ = ["SCHEDULES", "Task", "generate", "in_flight"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task of one stage: ``kind`` F (forward), B (backward, or activation gradient for zb_h1) or W
+    (weight gradient, zb_h1 only), for micro-batch ``mb`` and model chunk ``chunk``."""
+
+    kind: str
+    mb: int
+    chunk: int = 0
+
+
+def generate(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[Task, ...], ...]:
+    """Per-stage task orders for ``p`` stages, ``m`` micro-batches and ``v`` chunks per stage.
+
+    Examples
+    --------
+    >>> [t.kind + str(t.mb) for t in generate("1f1b", 2, 3)[0]]
+    ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
+    """
+    if p < 1 or m < 1 or v < 1:
+        raise InfeasiblePlanError(f"pipeline needs p, m, v >= 1: p={p}, m={m}, v={v}")
+    if schedule == "gpipe":
+        return tuple(_gpipe(m) for _ in range(p))
+    if schedule == "1f1b":
+        return tuple(_one_f_one_b(p, s, m) for s in range(p))
+    if schedule == "interleaved":
+        if v < 2:
+            raise InfeasiblePlanError(f"the interleaved schedule needs vp >= 2, got vp={v}")
+        if m % p:
+            raise InfeasiblePlanError(
+                f"the interleaved schedule needs micro-batches to be a multiple of pp: "
+                f"micro-batches={m}, pp={p} (Megatron-LM rule); change global batch, dp or micro_batch"
+            )
+        return tuple(_interleaved(p, s, m, v) for s in range(p))
+    if schedule == "zb_h1":
+        return tuple(_zb_h1(p, s, m) for s in range(p))
+    raise InfeasiblePlanError(f"unknown pipeline schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
+
+
+def _gpipe(m: int) -> tuple[Task, ...]:
+    return tuple([Task("F", i) for i in range(m)] + [Task("B", i) for i in range(m)])
+
+
+def _one_f_one_b(p: int, s: int, m: int) -> tuple[Task, ...]:
+    warmup = min(p - s - 1, m)
+    order = [Task("F", i) for i in range(warmup)]
+    for i in range(m - warmup):
+        order.append(Task("F", warmup + i))
+        order.append(Task("B", i))
+    order += [Task("B", i) for i in range(m - warmup, m)]
+    return tuple(order)
+
+
+def _interleaved(p: int, s: int, m: int, v: int) -> tuple[Task, ...]:
+    total = m * v
+
+    def forward_at(k: int) -> Task:
+        group, pos = divmod(k, p * v)
+        return Task("F", group * p + pos % p, pos // p)
+
+    def backward_at(k: int) -> Task:
+        group, pos = divmod(k, p * v)
+        return Task("B", group * p + pos % p, v - 1 - pos // p)
+
+    warmup = min((p - s - 1) * 2 + (v - 1) * p, total)
+    order = [forward_at(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        order.append(forward_at(warmup + k))
+        order.append(backward_at(k))
+    order += [backward_at(k) for k in range(total - warmup, total)]
+    return tuple(order)
+
+
+def _zb_h1(p: int, s: int, m: int) -> tuple[Task, ...]:
+    warmup = min(p - s - 1, m)
+    order = [Task("F", i) for i in range(warmup)]
+    pending: deque[int] = deque()
+    for i in range(m - warmup):
+        order.append(Task("F", warmup + i))
+        order.append(Task("B", i))
+        pending.append(i)
+        if len(pending) > warmup:
+            order.append(Task("W", pending.popleft()))
+    for i in range(m - warmup, m):
+        order.append(Task("B", i))
+        pending.append(i)
+        # In the drain phase, one deferred W fills the wait for the next stage's backward.
+        order.append(Task("W", pending.popleft()))
+    order += [Task("W", i) for i in pending]
+    return tuple(order)
+
+
+def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[int, ...]:
+    """Peak number of micro-batches per chunk whose activations a stage holds at once.
+
+    A forward adds its micro-batch; the backward that consumes the activations (B, or W for zb_h1 where
+    W still needs the layer inputs) releases it. Returns a tuple of length ``v``: entry c is the count of
+    chunk-c micro-batches live at the moment the *total* live count peaks.
+    """
+    has_w = any(t.kind == "W" for t in order)
+    live = [0] * v
+    best = [0] * v
+    best_total = -1
+    for t in order:
+        if t.kind == "F":
+            live[t.chunk] += 1
+        elif (t.kind == "W") if has_w else (t.kind == "B"):
+            live[t.chunk] -= 1
+        total = sum(live)
+        if total > best_total:
+            best_total = total
+            best = live.copy()
+    return tuple(best)

@@ -1,0 +1,85 @@
+"""Partition of the model into pipeline stages and model chunks.
+
+Megatron-LM splits the decoder layers evenly over the ``pp·vp`` virtual stages, in the order
+virtual stage = chunk·pp + stage, with the embedding on the first virtual stage and the output head and
+loss on the last. When ``pp`` does not divide the layer count (vp = 1 only), layers are taken away from
+the first and last stages, which also carry the embedding and the head; this is what Llama 3 405B did
+(126 layers on 16 stages: "we reduce one Transformer layer each from the first and the last stages",
+Llama 3 paper, Sec. 3.3.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simulator.errors import InfeasiblePlanError
+from simulator.graph.transformer import ModelGraph
+
+__all__ = ["Chunk", "partition"]
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """The blocks one pipeline stage runs for one model chunk: ``(block name, count)`` in forward order."""
+
+    stage: int
+    chunk: int
+    blocks: tuple[tuple[str, int], ...]
+    layers: int
+
+
+def _layers_per_virtual_stage(layers: int, virtual: int) -> list[int]:
+    if virtual > layers:
+        raise InfeasiblePlanError(f"more pipeline chunks than layers: pp·vp={virtual}, layers={layers}")
+    base = -(-layers // virtual)
+    counts = [base] * virtual
+    deficit = base * virtual - layers
+    # Take layers away from the ends first (they also hold the embedding and the head), then inwards.
+    order = []
+    lo, hi = 0, virtual - 1
+    while lo <= hi:
+        order.append(lo)
+        if hi != lo:
+            order.append(hi)
+        lo, hi = lo + 1, hi - 1
+    i = 0
+    while deficit > 0:
+        idx = order[i % len(order)]
+        if counts[idx] > 1:
+            counts[idx] -= 1
+            deficit -= 1
+        i += 1
+    return counts
+
+
+def partition(graph: ModelGraph, pp: int, vp: int) -> tuple[tuple[Chunk, ...], ...]:
+    """``result[stage][chunk]``: what each stage runs for each of its ``vp`` chunks.
+
+    Examples
+    --------
+    >>> from simulator.specs.model import ModelSpec
+    >>> from simulator.graph.transformer import build_graph
+    >>> g = build_graph(ModelSpec(name="t", layers=6, hidden=64, heads=4, ffn_hidden=256, vocab=100), 64, 1)
+    >>> [c.blocks for c in (s[0] for s in partition(g, 2, 1))]
+    [(('embedding', 1), ('layer.dense', 3)), (('layer.dense', 3), ('head', 1))]
+    """
+    virtual = pp * vp
+    counts = _layers_per_virtual_stage(len(graph.layer_kinds), virtual)
+    stages: list[list[Chunk]] = [[] for _ in range(pp)]
+    start = 0
+    for v_index, n_layers in enumerate(counts):
+        chunk, stage = divmod(v_index, pp)
+        kinds = graph.layer_kinds[start : start + n_layers]
+        start += n_layers
+        blocks: list[tuple[str, int]] = []
+        if v_index == 0:
+            blocks.append(("embedding", 1))
+        for kind in kinds:
+            if blocks and blocks[-1][0] == kind:
+                blocks[-1] = (kind, blocks[-1][1] + 1)
+            else:
+                blocks.append((kind, 1))
+        if v_index == virtual - 1:
+            blocks.append(("head", 1))
+        stages[stage].append(Chunk(stage, chunk, tuple(blocks), n_layers))
+    return tuple(tuple(s) for s in stages)

@@ -1,0 +1,504 @@
+"""Simulate one training step: compose specs, graph, parallel plan, cost models and the engine.
+
+:func:`simulate` is the public entry point. It resolves free knobs by trying candidate values (the
+fastest plan that fits in memory wins; for each micro-batch size and interleaving depth the least
+recomputation that fits is taken, since recomputation only ever adds time), builds the per-stage work, asks
+the cost models for durations, and runs the discrete-event engine. Everything it returns is plain data.
+Nothing here models physics; it only wires the layers together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from simulator.cost.communication import CommModel
+from simulator.cost.compute import ComputeModel
+from simulator.cost.memory import StageMemory, stage_memory
+from simulator.engine.fold import FoldResult, TimedStep, fold
+from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, simulate_pipeline
+from simulator.errors import InfeasiblePlanError
+from simulator.graph.transformer import ModelGraph, build_graph
+from simulator.parallel.layout import Layout, place, resolve_layout
+from simulator.parallel.program import Comm, Program, build_programs, chunk_params, grad_bytes_per_param
+from simulator.parallel.schedule import generate
+from simulator.parallel.stages import Chunk, partition
+from simulator.specs.calibration import CalibrationTable
+from simulator.specs.hardware import ClusterSpec
+from simulator.specs.library import list_names, load_calibration
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+from simulator.units import fmt_bytes
+
+__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "simulate"]
+
+# Slowdown of compute kernels that run while NCCL kernels share the GPU; used when the cluster's
+# calibration table has no measured value. source: pending (see DEFAULT_OVERLAP_SOURCE).
+DEFAULT_OVERLAP_SLOWDOWN = 0.1
+DEFAULT_OVERLAP_SOURCE = "pending"
+# Megatron-LM DistributedDataParallel: bucket_size = max(40,000,000, 1,000,000 · dp) parameters
+# (megatron/core/distributed/distributed_data_parallel.py).
+BUCKET_PARAMS_MIN = 40_000_000
+BUCKET_PARAMS_PER_DP = 1_000_000
+MICRO_BATCH_CANDIDATES_MAX = 16
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """The answer for one (model, cluster, plan).
+
+    Times are seconds, memory bytes. ``breakdown`` splits the step of the critical stage into compute,
+    exposed communication per kind, pipeline bubble and optimizer; ``chosen`` lists the value picked for
+    each free knob; ``uncalibrated_ops`` names the op classes timed with default curves.
+    """
+
+    model: str
+    cluster: str
+    num_gpus: int
+    plan: PlanSpec
+    feasible: bool
+    reason: str
+    step_time_s: float
+    tokens_per_s: float
+    model_flops: float
+    hardware_flops: float
+    mfu: float
+    hfu: float
+    memory: tuple[StageMemory, ...]
+    breakdown: dict[str, float]
+    stage_breakdown: tuple[dict[str, float], ...]
+    critical_stage: int
+    chosen: dict[str, Any]
+    uncalibrated_ops: tuple[str, ...]
+    calibration: str
+    timeline: tuple[tuple[int, str, str, float, float], ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        """Largest per-stage total."""
+        return max((m.total for m in self.memory), default=0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (stable key order)."""
+        plan = self.plan
+        return {
+            "model": self.model,
+            "cluster": self.cluster,
+            "num_gpus": self.num_gpus,
+            "plan": {
+                "tp": plan.tp,
+                "pp": plan.pp,
+                "dp": plan.dp,
+                "cp": plan.cp,
+                "ep": plan.ep,
+                "vp": plan.vp,
+                "schedule": plan.schedule,
+                "micro_batch": plan.micro_batch,
+                "global_batch": plan.global_batch,
+                "seq_len": plan.seq_len,
+                "sequence_parallel": plan.sequence_parallel,
+                "recompute": plan.recompute,
+                "zero_stage": plan.zero_stage,
+                "grad_overlap": plan.grad_overlap,
+                "tp_overlap": plan.tp_overlap,
+                "precision": plan.precision,
+            },
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops": self.model_flops,
+            "hardware_flops": self.hardware_flops,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "memory": [m.as_dict() for m in self.memory],
+            "breakdown": dict(self.breakdown),
+            "critical_stage": self.critical_stage,
+            "chosen": dict(self.chosen),
+            "uncalibrated_ops": list(self.uncalibrated_ops),
+            "calibration": self.calibration,
+        }
+
+
+# -- cost-model cache: one compute and one comm model per (cluster, precision), kept across calls ---------
+
+_MODELS: dict[tuple[int, str, float], tuple[ClusterSpec, ComputeModel, CommModel]] = {}
+_DEFAULT_TABLE: list[CalibrationTable | None] = []
+
+
+def _default_table() -> CalibrationTable | None:
+    if not _DEFAULT_TABLE:
+        names = {n.lower() for n, _ in list_names("calibration")}
+        _DEFAULT_TABLE.append(load_calibration("default") if "default" in names else None)
+    return _DEFAULT_TABLE[0]
+
+
+def _models(cluster: ClusterSpec, precision: str, straggler: float) -> tuple[ComputeModel, CommModel]:
+    key = (id(cluster), precision, straggler)
+    hit = _MODELS.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1], hit[2]
+    default = _default_table()
+    compute = ComputeModel(cluster.device, cluster.calibration, default, precision)
+    comm = CommModel(cluster, cluster.calibration, default, straggler)
+    if len(_MODELS) > 64:
+        _MODELS.clear()
+    _MODELS[key] = (cluster, compute, comm)
+    return compute, comm
+
+
+def _overlap_slowdown(cluster: ClusterSpec) -> float:
+    table = cluster.calibration
+    if table is not None and table.overlap_slowdown is not None:
+        return table.overlap_slowdown
+    return DEFAULT_OVERLAP_SLOWDOWN
+
+
+# -- public entry point -------------------------------------------------------------------------------------
+
+
+def simulate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: PlanSpec,
+    *,
+    attention: str = "flash",
+    record: bool = False,
+) -> StepResult:
+    """Simulate one training step of ``model`` on ``cluster`` laid out as ``plan``.
+
+    Free knobs of the plan (``None``) are chosen: the fastest combination that fits in memory.
+
+    Raises
+    ------
+    InfeasiblePlanError
+        When the plan cannot run at all (a degree that does not divide, too many GPUs). A plan that runs
+        out of memory is *not* an error: the result has ``feasible=False`` and a reason.
+
+    Examples
+    --------
+    >>> from simulator.specs import load_cluster, load_model, PlanSpec
+    >>> r = simulate(load_model("gpt3-175b"), load_cluster("dgx-h100"),
+    ...              PlanSpec(tp=8, pp=8, dp=1, global_batch=16, micro_batch=1, recompute="selective",
+    ...                       grad_overlap=True))
+    >>> r.feasible, r.step_time_s > 0
+    (True, True)
+    """
+    seq_len = plan.seq_len or model.seq_len
+    plan = replace(plan, seq_len=seq_len)
+    if not plan.free_knobs:
+        return _run(model, cluster, plan, attention, record, {})
+    best: StepResult | None = None
+    fallback: StepResult | None = None
+    for candidate in _candidates(model, plan):
+        result = _first_fitting_recompute(model, cluster, candidate, plan, attention)
+        if result is None:
+            continue
+        if result.feasible:
+            if best is None or result.step_time_s < best.step_time_s - 1e-12:
+                best = result
+        elif fallback is None or result.peak_memory_bytes < fallback.peak_memory_bytes:
+            fallback = result
+    chosen = best or fallback
+    if chosen is None:
+        raise InfeasiblePlanError(
+            "no value of the free knobs gives a runnable plan: "
+            + _first_structural_error(model, cluster, plan, attention)
+        )
+    if record:
+        chosen = _run(model, cluster, chosen.plan, attention, True, chosen.chosen)
+    return chosen
+
+
+def _first_structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, attention: str) -> str:
+    for candidate in _candidates(model, plan):
+        trial = replace(candidate, recompute=candidate.recompute or "full")
+        try:
+            resolve_layout(model, cluster, trial)
+            generate(
+                _schedule(trial), trial.pp, trial.global_batch // (trial.dp * (trial.micro_batch or 1)), trial.vp or 1
+            )
+        except InfeasiblePlanError as err:
+            return str(err)
+    return "no candidate"
+
+
+def _schedule(plan: PlanSpec) -> str:
+    return plan.schedule or ("interleaved" if (plan.vp or 1) > 1 else "1f1b")
+
+
+def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
+    """Plans with micro_batch, vp and grad_overlap fixed (recompute stays free when it was)."""
+    per_replica = plan.global_batch // plan.dp if plan.global_batch % plan.dp == 0 else 0
+    if plan.micro_batch is not None:
+        mbs = [plan.micro_batch]
+    else:
+        mbs = [d for d in range(1, min(per_replica, MICRO_BATCH_CANDIDATES_MAX) + 1) if per_replica % d == 0] or [1]
+    if plan.vp is not None:
+        vps = [plan.vp]
+    elif plan.pp == 1 or plan.schedule in ("gpipe", "1f1b", "zb_h1"):
+        vps = [1]
+    else:
+        per_stage = model.layers // plan.pp if model.layers % plan.pp == 0 else 0
+        vps = [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0]
+    overlap = [plan.grad_overlap] if plan.grad_overlap is not None else [True]
+    out = []
+    for mb in mbs:
+        for vp in vps:
+            if vp > 1 and (per_replica // mb) % plan.pp:
+                continue  # interleaving needs micro-batches in multiples of pp
+            for go in overlap:
+                out.append(replace(plan, micro_batch=mb, vp=vp, grad_overlap=go))
+    return out
+
+
+def _first_fitting_recompute(
+    model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec, attention: str
+) -> StepResult | None:
+    options = [candidate.recompute] if candidate.recompute is not None else list(RECOMPUTE_ORDER)
+    last: StepResult | None = None
+    for rc in options:
+        trial = replace(candidate, recompute=rc)
+        chosen = {k: getattr(trial, k) for k in original.free_knobs}
+        try:
+            result = _run(model, cluster, trial, attention, False, chosen, memory_only_if_infeasible=True)
+        except InfeasiblePlanError:
+            return last
+        if result.feasible:
+            return result
+        last = result
+    return last
+
+
+# -- one fully specified plan ------------------------------------------------------------------------------
+
+
+def _run(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: PlanSpec,
+    attention: str,
+    record: bool,
+    chosen: dict[str, Any],
+    *,
+    memory_only_if_infeasible: bool = False,
+) -> StepResult:
+    if plan.precision == "fp8" and "fp8" not in dict(cluster.device.peak_flops):
+        raise InfeasiblePlanError(f"precision fp8 needs FP8 tensor cores; {cluster.device.name} has none")
+    layout = resolve_layout(model, cluster, plan)
+    graph = build_graph(model, layout.seq_len, layout.micro_batch, attention)
+    chunks = partition(graph, plan.pp, layout.vp)
+    orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
+    capacity = cluster.device.hbm_bytes
+    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity) for s in range(plan.pp))
+    over = [m for m in memory if m.over > 0]
+    reason = ""
+    if over:
+        worst = max(over, key=lambda m: m.over)
+        reason = f"out of memory: stage {worst.stage} needs {worst.describe()}; {fmt_bytes(worst.over)} over"
+        if memory_only_if_infeasible:
+            return _infeasible_result(model, cluster, plan, memory, reason, chosen)
+    compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
+    slowdown = _overlap_slowdown(cluster)
+    pipe, hw_flops_rank = _pipeline_input(graph, layout, chunks, orders, compute, comm, slowdown, cluster, record)
+    result = simulate_pipeline(pipe)
+    return _assemble(model, cluster, plan, layout, graph, memory, result, reason, chosen, compute, comm, hw_flops_rank)
+
+
+def _timed(program: Program, compute: ComputeModel, comm: CommModel) -> list[TimedStep]:
+    out: list[TimedStep] = []
+    for step in program:
+        work = step.work
+        if isinstance(work, Comm):
+            out.append(TimedStep(work.name, step.stream, comm.time(work), step.waits, work.kind))
+        else:
+            out.append(TimedStep(work.name, step.stream, compute.time(work), step.waits, "compute", step.overlapped))
+    return out
+
+
+def _program_flops(program: Program) -> float:
+    return sum(s.work.flops for s in program if not isinstance(s.work, Comm))
+
+
+def _pipeline_input(
+    graph: ModelGraph,
+    layout: Layout,
+    chunks: tuple[tuple[Chunk, ...], ...],
+    orders: tuple[tuple[Any, ...], ...],
+    compute: ComputeModel,
+    comm: CommModel,
+    slowdown: float,
+    cluster: ClusterSpec,
+    record: bool,
+) -> tuple[PipelineInput, float]:
+    plan = layout.plan
+    m = layout.num_micro_batches
+    grad_b = grad_bytes_per_param(plan.precision)
+    zero = plan.zero_stage
+    stages: list[StageInput] = []
+    hw_flops = 0.0
+    bucket_params = max(BUCKET_PARAMS_MIN, BUCKET_PARAMS_PER_DP * layout.dp.size)
+    folds: dict[tuple[tuple[str, int], ...], tuple[FoldResult, FoldResult, FoldResult, float]] = {}
+    for s, stage_chunks in enumerate(chunks):
+        fwd: list[FoldResult] = []
+        bwd: list[FoldResult] = []
+        wgt: list[FoldResult] = []
+        buckets: list[tuple[float, ...]] = []
+        local_params = 0.0
+        for chunk in stage_chunks:
+            cached = folds.get(chunk.blocks)
+            if cached is None:
+                f_prog, b_prog, w_prog = build_programs(graph, layout, chunk.blocks)
+                cached = (
+                    fold(_timed(f_prog, compute, comm), slowdown, timeline=record),
+                    fold(_timed(b_prog, compute, comm), slowdown, timeline=record),
+                    fold(_timed(w_prog, compute, comm), slowdown, timeline=record),
+                    _program_flops(f_prog) + _program_flops(b_prog) + _program_flops(w_prog),
+                )
+                folds[chunk.blocks] = cached
+            fwd.append(cached[0])
+            bwd.append(cached[1])
+            wgt.append(cached[2])
+            hw_flops += cached[3] * m
+            dense, expert = chunk_params(graph, layout, chunk)
+            local_params += dense + expert
+            buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_params) if zero < 3 else ())
+        # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer over dp).
+        opt_params = local_params / (layout.dp.size if zero >= 1 else 1)
+        opt_op = graph.optimizer.with_(
+            read_bytes=graph.optimizer.read_bytes / max(graph.params(), 1) * opt_params,
+            write_bytes=graph.optimizer.write_bytes / max(graph.params(), 1) * opt_params,
+        )
+        optimizer_s = compute.time(opt_op)
+        param_gather_s = 0.0
+        if zero in (1, 2) and layout.dp.size > 1:
+            param_gather_s = comm.time(Comm("param_all_gather", "all_gather", layout.dp, 2.0 * local_params, "dp"))
+        tail = 0.0
+        if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
+            size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size
+            group = place("embedding", 2, layout.pp.stride * (plan.pp - 1), cluster)
+            tail = comm.time(Comm("embedding_grad_all_reduce", "all_reduce", group, size, "dp"))
+        stages.append(
+            StageInput(
+                order=orders[s],
+                fwd=tuple(fwd),
+                bwd=tuple(bwd),
+                wgt=tuple(wgt),
+                dp_buckets=tuple(buckets),
+                dp_tail_s=tail,
+                optimizer_s=optimizer_s,
+                param_gather_s=param_gather_s,
+            )
+        )
+    p = plan.pp
+    act = 2.0 * layout.micro_batch * layout.seq_len / layout.cp.size * graph.model.hidden
+    if layout.sequence_parallel:
+        act /= layout.tp.size
+    send = comm.time(Comm("pp_send", "send_recv", layout.pp, act, "pp")) if p > 1 else 0.0
+    pipe = PipelineInput(
+        stages=tuple(stages),
+        vp=layout.vp,
+        send_fwd_s=(send,) * p,
+        send_bwd_s=(send,) * p,
+        grad_overlap=layout.grad_overlap,
+        overlap_slowdown=slowdown,
+        record=record,
+    )
+    return pipe, hw_flops
+
+
+def _grad_buckets(
+    dense: float, expert: float, layout: Layout, comm: CommModel, grad_b: int, bucket_params: int
+) -> tuple[float, ...]:
+    """Reduction time of each gradient bucket of a chunk (all-reduce, or reduce-scatter under ZeRO-1/2)."""
+    collective = "all_reduce" if layout.plan.zero_stage == 0 else "reduce_scatter"
+    out: list[float] = []
+    for params, group in ((dense, layout.dp), (expert, layout.edp)):
+        if params <= 0 or group.size <= 1:
+            continue
+        n = max(1, math.ceil(params / bucket_params))
+        size = grad_b * params / n
+        t = comm.time(Comm("grad_bucket", collective, group, size, "dp"))
+        out += [t] * n
+    return tuple(out)
+
+
+def _infeasible_result(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: PlanSpec,
+    memory: tuple[StageMemory, ...],
+    reason: str,
+    chosen: dict[str, Any],
+) -> StepResult:
+    return StepResult(
+        model=model.name,
+        cluster=cluster.name,
+        num_gpus=plan.num_gpus,
+        plan=plan,
+        feasible=False,
+        reason=reason,
+        step_time_s=math.nan,
+        tokens_per_s=math.nan,
+        model_flops=math.nan,
+        hardware_flops=math.nan,
+        mfu=math.nan,
+        hfu=math.nan,
+        memory=memory,
+        breakdown={},
+        stage_breakdown=(),
+        critical_stage=-1,
+        chosen=chosen,
+        uncalibrated_ops=(),
+        calibration=cluster.calibration.name if cluster.calibration else "",
+    )
+
+
+def _assemble(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: PlanSpec,
+    layout: Layout,
+    graph: ModelGraph,
+    memory: tuple[StageMemory, ...],
+    result: PipelineResult,
+    reason: str,
+    chosen: dict[str, Any],
+    compute: ComputeModel,
+    comm: CommModel,
+    hw_flops_rank: float,
+) -> StepResult:
+    step = result.step_time_s
+    sequences = plan.global_batch
+    tokens = sequences * layout.seq_len
+    model_flops = graph.step_model_flops() * (sequences / layout.micro_batch)
+    ranks_per_stage = layout.tp.size * layout.cp.size * plan.dp
+    hardware_flops = hw_flops_rank * ranks_per_stage
+    peak = cluster.device.peak("fp16" if plan.precision == "fp16" else "bf16")
+    denom = step * plan.num_gpus * peak
+    stages = tuple(st.as_dict() for st in result.stages)
+    crit = stages[result.critical_stage]
+    return StepResult(
+        model=model.name,
+        cluster=cluster.name,
+        num_gpus=plan.num_gpus,
+        plan=plan,
+        feasible=not reason,
+        reason=reason,
+        step_time_s=step,
+        tokens_per_s=tokens / step if step > 0 else math.inf,
+        model_flops=model_flops,
+        hardware_flops=hardware_flops,
+        mfu=model_flops / denom if denom > 0 else 0.0,
+        hfu=hardware_flops / denom if denom > 0 else 0.0,
+        memory=memory,
+        breakdown=dict(crit),
+        stage_breakdown=stages,
+        critical_stage=result.critical_stage,
+        chosen=chosen,
+        uncalibrated_ops=tuple(sorted(compute.uncalibrated | comm.uncalibrated)),
+        calibration=cluster.calibration.name if cluster.calibration else "",
+        timeline=result.timeline,
+    )

@@ -218,6 +218,11 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         st = inp.stages[s]
         a = acc[s]
         for t in st.order:
+            if t.kind != "F":
+                # Same-stage dependency: a backward needs its forward, a weight gradient its backward.
+                own = done.get((s, "F" if t.kind == "B" else "B", t.mb, t.chunk))
+                if own is None or not own.triggered:
+                    break  # a schedule that runs a task before its prerequisite: reported as a deadlock
             if source(s, t) is not None:
                 ev = arrive[(s, t.kind, t.mb, t.chunk)]
                 if not ev.triggered:

@@ -85,7 +85,10 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     cp = layout.cp.size
     tok_div = cp * (tp if layout.sequence_parallel and op.sp_tokens else 1)
     tp_div = tp if op.tp_axis else 1
-    act_div = cp * (tp if (op.tp_axis or (layout.sequence_parallel and tp > 1)) else 1)
+    # A column-parallel GEMM keeps its *input*, which TP replicates (unless sequence parallelism splits
+    # it); a row-parallel GEMM, the attention core and TP-split memory ops keep TP-split tensors.
+    act_split = op.tp_axis not in ("", "n", "vocab") or (layout.sequence_parallel and tp > 1)
+    act_div = cp * (tp if act_split else 1)
     changes: dict[str, object] = {
         "act_bytes": op.act_bytes / act_div,
         "params": op.params // tp_div if op.tp_axis else op.params,

@@ -95,6 +95,11 @@ class Fields:
         value = self.data.get(key)
         if value is None:
             if default is MISSING:
+                typo = difflib.get_close_matches(key, [str(k) for k in self.data if k not in self.used], 1, 0.75)
+                if typo:
+                    raise self.error(
+                        key, f"is required but missing, and the file has {typo[0]!r}", f"rename {typo[0]!r} to {key!r}"
+                    )
                 raise self.error(key, "is required but missing", f"add '{key}: ...'")
             return default
         return value

@@ -11,10 +11,14 @@ repeated lookups (sweeps) do no I/O.
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from simulator.errors import SpecError
 from simulator.specs._fields import did_you_mean
@@ -27,6 +31,8 @@ from simulator.specs.plan import PlanSpec
 
 __all__ = [
     "KINDS",
+    "apply_overrides",
+    "parse_overrides",
     "data_roots",
     "find_file",
     "list_names",
@@ -112,9 +118,16 @@ def _model_cached(path_str: str, _mtime: float) -> ModelSpec:
     return ModelSpec.from_mapping(load_yaml_file(path), str(path))
 
 
-def load_model(ref: str | Path) -> ModelSpec:
-    """A model by built-in name, YAML path or Hugging Face ``config.json`` path."""
-    return _model_cached(*_stamp(find_file("model", ref)))
+def load_model(ref: str | Path, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
+    """A model by built-in name, YAML path or Hugging Face ``config.json`` path.
+
+    ``overrides`` maps top-level keys of the model file (``layers``, ``moe.top_k``...) to new values.
+    """
+    model = _model_cached(*_stamp(find_file("model", ref)))
+    if not overrides:
+        return model
+    data = apply_overrides(model.to_mapping(), overrides, "model")
+    return ModelSpec.from_mapping(data, f"model {model.name} (with --set model.* overrides)")
 
 
 @lru_cache(maxsize=256)
@@ -174,9 +187,82 @@ def _cluster_cached(path_str: str, _mtime: float) -> ClusterSpec:
     return ClusterSpec.from_mapping(data, str(path), device=device, calibration=calibration)
 
 
-def load_cluster(ref: str | Path) -> ClusterSpec:
-    """A cluster by built-in name or path, with its device and calibration table resolved."""
-    return _cluster_cached(*_stamp(find_file("cluster", ref)))
+def load_cluster(
+    ref: str | Path,
+    overrides: Mapping[str, Any] | None = None,
+    device_overrides: Mapping[str, Any] | None = None,
+) -> ClusterSpec:
+    """A cluster by built-in name or path, with its device and calibration table resolved.
+
+    ``overrides`` and ``device_overrides`` change keys of the cluster file and of its device file before
+    the specs are built: the what-if questions (``--set cluster.nics_per_node=4``).
+    """
+    path = find_file("cluster", ref)
+    cluster = _cluster_cached(*_stamp(path))
+    if not overrides and not device_overrides:
+        return cluster
+    device = cluster.device
+    if device_overrides:
+        raw_device = load_yaml_file(_device_path(path, cluster))
+        data = apply_overrides(raw_device, device_overrides, "device")
+        device = DeviceSpec.from_mapping(data, f"{device.name} (with --set device.* overrides)")
+    raw = load_yaml_file(path)
+    data = apply_overrides(raw, overrides or {}, "cluster")
+    if isinstance(data.get("device"), dict) and not device_overrides:
+        device = DeviceSpec.from_mapping(data["device"], f"{path}: device")
+    return ClusterSpec.from_mapping(
+        data, f"{path} (with --set cluster.* overrides)", device=device, calibration=cluster.calibration
+    )
+
+
+def _device_path(cluster_path: Path, cluster: ClusterSpec) -> Path:
+    raw = load_yaml_file(cluster_path)
+    ref = raw.get("device") if isinstance(raw, dict) else None
+    if isinstance(ref, str):
+        return _resolve_ref("device", ref, cluster_path, f"{cluster_path}: device")
+    return find_file("device", cluster.device.name)
+
+
+def parse_overrides(settings: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Split ``scope.key=value`` strings (``--set``) by scope: model, cluster, device or plan.
+
+    Values are read as YAML scalars, so ``4`` is a number and ``true`` a boolean.
+
+    >>> parse_overrides(["cluster.nics_per_node=4", "device.hbm_bandwidth_gb_per_s=4800"])
+    {'cluster': {'nics_per_node': 4}, 'device': {'hbm_bandwidth_gb_per_s': 4800}}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        scope, dot, name = key.strip().partition(".")
+        if not sep or not dot or not name:
+            raise SpecError(f"--set {item}", "must look like scope.key=value", "e.g. --set cluster.nics_per_node=4")
+        if scope not in ("model", "cluster", "device", "plan"):
+            hint = did_you_mean(scope, ("model", "cluster", "device", "plan"))
+            raise SpecError(f"--set {item}", f"unknown scope {scope!r}{hint}", "use model., cluster., device. or plan.")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError:
+            parsed = value
+        out.setdefault(scope, {})[name] = parsed
+    return out
+
+
+def apply_overrides(data: Any, overrides: Mapping[str, Any], scope: str) -> dict[str, Any]:
+    """A copy of ``data`` with dotted keys replaced; unknown top-level keys are refused by the spec later."""
+    if not isinstance(data, dict):
+        raise SpecError(scope, "cannot apply --set overrides to a file that is not a mapping", "fix the file")
+    out: dict[str, Any] = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        target = out
+        for part in parts[:-1]:
+            nxt = target.get(part)
+            if not isinstance(nxt, dict):
+                raise SpecError(f"--set {scope}.{dotted}", f"{part!r} is not a mapping in the {scope}", "check the key")
+            target = nxt
+        target[parts[-1]] = value
+    return out
 
 
 def load_plan(path: str | Path, *, gpus: int | None = None) -> PlanSpec:

@@ -190,6 +190,44 @@ class ModelSpec:
         layers = sum(self.layer_params(i)[1] for i in range(self.layers))
         return layers + self.embedding_params() + self.output_params()
 
+    def to_mapping(self) -> dict[str, Any]:
+        """The YAML form (inverse of :meth:`from_mapping`)."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "ffn_hidden": self.ffn_hidden,
+            "vocab": self.vocab,
+            "gated_mlp": self.gated_mlp,
+            "activation": self.activation,
+            "norm": self.norm,
+            "tied_embeddings": self.tied_embeddings,
+            "position_embedding": self.position_embedding,
+            "bias": self.bias,
+            "dropout": self.dropout,
+            "seq_len": self.seq_len,
+        }
+        if self.description:
+            out["description"] = self.description
+        if self.source:
+            out["source"] = self.source
+        if self.moe is not None:
+            moe = self.moe
+            out["moe"] = {
+                "num_experts": moe.num_experts,
+                "top_k": moe.top_k,
+                "expert_ffn_hidden": moe.expert_ffn_hidden,
+                "shared_experts": moe.shared_experts,
+                "shared_expert_ffn_hidden": moe.shared_expert_ffn_hidden,
+                "layer_frequency": moe.layer_frequency,
+                "first_dense_layers": moe.first_dense_layers,
+                "capacity_factor": moe.capacity_factor,
+            }
+        return out
+
     # -- construction ---------------------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, data: Any, where: str) -> ModelSpec:

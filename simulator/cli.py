@@ -1,0 +1,486 @@
+"""The ``clustersim`` command line.
+
+``main(argv) -> int`` parses arguments, calls the library and prints results; it never lets a traceback
+reach the user for an error they caused: bad input prints ``error: <where>: <what>; <fix>`` and exits 2, an
+infeasible plan exits 3. A bug in clustersim keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from simulator import __version__
+from simulator.errors import CalibrationError, InfeasiblePlanError, SpecError
+from simulator.units import GIB, fmt_seconds
+
+__all__ = ["main", "main_entry"]
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_INFEASIBLE = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors in clustersim's one-line style."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {self.prog}: {message}; see '{self.prog} --help'\n")
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _add_plan_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("layout (omitted knobs take their defaults or are chosen, see README)")
+    g.add_argument("--gpus", type=int, help="GPUs in the job (dp is derived when omitted)")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree")
+    g.add_argument("--pp", type=int, help="pipeline-parallel degree")
+    g.add_argument("--dp", type=int, help="data-parallel degree")
+    g.add_argument("--cp", type=int, help="context-parallel degree")
+    g.add_argument("--ep", type=int, help="expert-parallel degree (carved out of dp·cp)")
+    g.add_argument("--vp", type=int, help="virtual pipeline chunks per stage (interleaved 1F1B); free if omitted")
+    g.add_argument("--schedule", help="gpipe, 1f1b, interleaved or zb_h1")
+    g.add_argument("--micro-batch", type=int, help="sequences per micro-batch; free if omitted")
+    g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
+    g.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
+    g.add_argument("--recompute", help="none, selective or full; free if omitted")
+    g.add_argument("--zero", type=int, dest="zero_stage", help="ZeRO stage 0-3 (3 = FSDP)")
+    g.add_argument("--precision", help="fp16, bf16 or fp8")
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--plan", type=Path, help="plan YAML file; options given on the command line override it")
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SCOPE.KEY=VALUE",
+        help="what-if override of a model, cluster, device or plan key, e.g. cluster.nics_per_node=4",
+    )
+
+
+_PLAN_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "vp",
+    "schedule",
+    "micro_batch",
+    "global_batch",
+    "seq_len",
+    "recompute",
+    "zero_stage",
+    "precision",
+    "sequence_parallel",
+    "grad_overlap",
+    "tp_overlap",
+)
+
+
+def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
+    from simulator.specs._yaml import load_yaml_file
+    from simulator.specs.plan import PlanSpec
+
+    data: dict[str, Any] = {}
+    where = "command line"
+    if args.plan is not None:
+        raw = load_yaml_file(args.plan)
+        if not isinstance(raw, dict):
+            raise SpecError(str(args.plan), "must be a mapping of plan keys", "write 'tp: 8' lines")
+        data.update(raw)
+        where = f"{args.plan} + command line"
+    for key in _PLAN_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            data[key] = value
+    data.update(overrides)
+    if "global_batch" not in data:
+        raise SpecError("--global-batch", "is required", "give the sequences per optimizer step")
+    return PlanSpec.from_mapping(data, where, gpus=args.gpus)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from simulator.engine.trace import chrome_trace_json
+    from simulator.run import simulate
+    from simulator.specs.library import load_cluster, load_model, parse_overrides
+
+    overrides = parse_overrides(args.set)
+    model = load_model(args.model, overrides.get("model"))
+    cluster = load_cluster(args.cluster, overrides.get("cluster"), overrides.get("device"))
+    plan = _plan_from_args(args, overrides.get("plan", {}))
+    result = simulate(model, cluster, plan, record=args.trace is not None)
+    if args.trace is not None:
+        title = f"{model.name} on {cluster.name}"
+        args.trace.write_text(chrome_trace_json(result.timeline, title=title), encoding="utf-8")
+    if args.format == "json":
+        print(json.dumps(_json_safe(result.to_dict()), indent=2, sort_keys=False))
+    else:
+        print(_result_table(result))
+    return EXIT_OK if result.feasible else EXIT_INFEASIBLE
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _result_table(r: Any) -> str:
+    p = r.plan
+    lines = [
+        f"{r.model} on {r.cluster}: {r.num_gpus} GPUs (tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}"
+        + (f" · ep {p.ep}" if p.ep > 1 else "")
+        + f"), global batch {p.global_batch} × {p.seq_len} tokens, {p.precision}",
+    ]
+    if not r.feasible:
+        lines.append(f"infeasible: {r.reason}")
+    else:
+        lines.append(
+            f"step time {fmt_seconds(r.step_time_s)}   tokens/s {r.tokens_per_s:,.0f}   "
+            f"MFU {r.mfu * 100:.1f}%   HFU {r.hfu * 100:.1f}%"
+        )
+    if r.chosen:
+        lines.append("chosen: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in r.chosen.items()))
+    lines.append(
+        f"layout: micro_batch={p.micro_batch} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
+        f"recompute={p.recompute} zero={p.zero_stage} sequence_parallel={_fmt_value(p.sequence_parallel)}"
+    )
+    if r.breakdown:
+        lines.append("")
+        lines.append(f"time breakdown (critical stage {r.critical_stage})")
+        total = sum(r.breakdown.values()) or 1.0
+        for key, value in r.breakdown.items():
+            label = key.removesuffix("_s").replace("_", " ")
+            lines.append(f"  {label:<16}{fmt_seconds(value):>12}  {value / total * 100:5.1f}%")
+    lines.append("")
+    lines.append("memory per stage (GiB)   weights    grads    optim     acts  buffers    total / capacity")
+    for m in r.memory:
+        mark = "  OVER" if m.over > 0 else ""
+        lines.append(
+            f"  stage {m.stage:<17}{m.weights / GIB:8.1f} {m.gradients / GIB:8.1f} {m.optimizer / GIB:8.1f} "
+            f"{m.activations / GIB:8.1f} {m.buffers / GIB:8.1f} {m.total / GIB:8.1f} / {m.capacity / GIB:.1f}{mark}"
+        )
+    if r.uncalibrated_ops:
+        lines.append("")
+        lines.append("uncalibrated (default curves): " + ", ".join(r.uncalibrated_ops))
+    if r.calibration:
+        lines.append(f"calibration table: {r.calibration}")
+    return "\n".join(lines)
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from simulator.specs.library import list_names, load_model
+
+    if args.action == "show":
+        if not args.name:
+            raise SpecError("models show", "needs a model name", "e.g. clustersim models show gpt3-175b")
+        m = load_model(args.name)
+        print(json.dumps(m.to_mapping(), indent=2))
+        print(f"parameters: {m.param_count() / 1e9:.2f} B (active {m.active_param_count() / 1e9:.2f} B)")
+        return EXIT_OK
+    rows = []
+    for name, _ in list_names("model"):
+        m = load_model(name)
+        kind = f"MoE {m.moe.num_experts}x top-{m.moe.top_k}" if m.moe else "dense"
+        rows.append(
+            f"{name:<22}{m.param_count() / 1e9:9.1f} B  {kind:<16} L={m.layers:<4} h={m.hidden:<6} "
+            f"heads={m.heads}/{m.kv_heads}"
+        )
+    print(f"{'name':<22}{'params':>11}  {'kind':<16} shape")
+    print("\n".join(rows))
+    return EXIT_OK
+
+
+def _cmd_hardware(args: argparse.Namespace) -> int:
+    from simulator.specs.library import list_names, load_cluster, load_device
+
+    if args.action == "list":
+        print("devices:")
+        for name, _ in list_names("device"):
+            d = load_device(name)
+            print(
+                f"  {name:<20} bf16 {d.peak('bf16') / 1e12:7.1f} TFLOP/s  HBM {d.hbm_bytes / GIB:6.1f} GiB "
+                f"{d.hbm_bandwidth_bytes_per_s / 1e9:6.0f} GB/s"
+            )
+        print("clusters:")
+        for name, _ in list_names("cluster"):
+            c = load_cluster(name)
+            cal = c.calibration.name if c.calibration else "default curves"
+            print(
+                f"  {name:<20} {c.gpus_per_node}x {c.device.name:<18} NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} "
+                f"GB/s  {c.nics_per_node}x{c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s  ({cal})"
+            )
+        return EXIT_OK
+    if not args.name:
+        raise SpecError("hardware show", "needs a device or cluster name", "e.g. clustersim hardware show dgx-h100")
+    names = {n.lower() for n, _ in list_names("cluster")}
+    if args.name.lower() in names or args.name.endswith((".yaml", ".yml")):
+        try:
+            c = load_cluster(args.name)
+        except SpecError:
+            c = None
+        if c is not None:
+            print(_cluster_text(c))
+            return EXIT_OK
+    d = load_device(args.name)
+    print(_device_text(d))
+    return EXIT_OK
+
+
+def _device_text(d: Any) -> str:
+    lines = [f"device {d.name} ({d.vendor or 'unknown vendor'})"]
+    for prec, flops in d.peak_flops:
+        lines.append(f"  peak {prec:<5} {flops / 1e12:9.1f} TFLOP/s (dense)")
+    lines.append(f"  HBM {d.hbm_bytes / GIB:.1f} GiB at {d.hbm_bandwidth_bytes_per_s / 1e9:.0f} GB/s")
+    if d.sm_count:
+        lines.append(f"  SMs {d.sm_count}")
+    if d.tdp_watts:
+        lines.append(f"  TDP {d.tdp_watts:.0f} W")
+    if d.price_per_gpu_hour_usd is not None:
+        lines.append(f"  price {d.price_per_gpu_hour_usd:.2f} USD per GPU-hour")
+    if d.source:
+        lines.append(f"  source: {d.source}")
+    return "\n".join(lines)
+
+
+def _cluster_text(c: Any) -> str:
+    lines = [
+        f"cluster {c.name}",
+        f"  {c.gpus_per_node} GPUs per node, NVLink domain of {c.nvlink_domain_gpus} GPUs",
+        f"  NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s per GPU per direction, NVLS "
+        f"{'yes' if c.nvls else 'no'}",
+        f"  {c.nics_per_node} NICs x {c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s per node "
+        f"({c.nic_bandwidth_per_gpu_bytes_per_s / 1e9:.1f} GB/s per GPU), {c.topology.replace('_', '-')}, "
+        f"oversubscription {c.oversubscription:g}:1",
+        f"  latency {c.intra_node_latency_s * 1e6:.1f} us inside, {c.inter_node_latency_s * 1e6:.1f} us across nodes",
+    ]
+    if c.calibration is not None:
+        t = c.calibration
+        lines.append(
+            f"  calibration {t.name} (measured on {t.device}): {len(t.compute)} compute curves, "
+            f"{len(t.collectives)} collective curves"
+        )
+    else:
+        lines.append("  calibration: none (default curves)")
+    if c.source:
+        lines.append(f"  source: {c.source}")
+    lines.append(_device_text(c.device))
+    return "\n".join(lines)
+
+
+def _cmd_graph(args: argparse.Namespace) -> int:
+    from simulator.graph.transformer import build_graph
+    from simulator.specs.library import load_model
+
+    model = load_model(args.model)
+    seq = args.seq_len or model.seq_len
+    if seq < 1 or args.micro_batch < 1:
+        raise SpecError("--seq-len/--micro-batch", f"must be >= 1, got {seq} and {args.micro_batch}", "use positive")
+    g = build_graph(model, seq, args.micro_batch, args.attention)
+    rows = g.rows()
+    if args.format == "json":
+        out = {
+            "model": model.name,
+            "seq_len": seq,
+            "micro_batch": args.micro_batch,
+            "attention": args.attention,
+            "ops": rows,
+            "totals": _graph_totals(g),
+        }
+        print(json.dumps(out, indent=2))
+    elif args.format == "dot":
+        print(_graph_dot(g))
+    else:
+        print(f"{model.name}: seq_len {seq}, micro-batch {args.micro_batch}, attention {args.attention}")
+        print(f"{'block':<12}{'x':>4}  {'op':<28}{'kind':<10}{'phase':<11}{'GFLOP':>10}{'MB moved':>11}{'params M':>10}{'act MB':>9}")
+        for r in rows:
+            print(
+                f"{r['block']:<12}{r['count']:>4}  {r['op']:<28}{r['kind']:<10}{r['phase']:<11}"
+                f"{r['flops'] / 1e9:10.2f}{r['bytes'] / 1e6:11.1f}{r['params'] / 1e6:10.2f}{r['act_bytes'] / 1e6:9.1f}"
+            )
+        t = _graph_totals(g)
+        print()
+        for k, v in t.items():
+            print(f"{k:<34}{v:,.4g}")
+    return EXIT_OK
+
+
+def _graph_totals(g: Any) -> dict[str, float]:
+    layers = [b for b in g.blocks if b.name.startswith("layer.")]
+    return {
+        "parameters": float(g.params()),
+        "forward_model_flops_per_token": g.forward_model_flops() / g.tokens,
+        "step_model_flops_per_micro_batch": g.step_model_flops(),
+        "activation_bytes_per_layer": sum(b.act_bytes * b.count for b in layers) / max(1, g.model.layers),
+    }
+
+
+def _graph_dot(g: Any) -> str:
+    lines = ["digraph clustersim {", "  rankdir=TB;", "  node [shape=box, fontsize=10];"]
+    for node, data in sorted(g.graph.nodes(data=True)):
+        op = data["op"]
+        label = f"{node}\\n{op.kind} x{data['count']}"
+        lines.append(f'  "{node}" [label="{label}"];')
+    for a, b in sorted(g.graph.edges()):
+        lines.append(f'  "{a}" -> "{b}";')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from simulator.specs._yaml import load_yaml_file
+    from simulator.specs.calibration import CalibrationTable
+    from simulator.specs.hardware import ClusterSpec, DeviceSpec
+    from simulator.specs.hf import load_hf_config
+    from simulator.specs.library import load_cluster
+    from simulator.specs.model import ModelSpec
+    from simulator.specs.plan import PlanSpec
+
+    failures = 0
+    for path in args.files:
+        try:
+            if path.suffix == ".json":
+                load_hf_config(path)
+                kind = "model (Hugging Face config)"
+            else:
+                data = load_yaml_file(path)
+                kind = _guess_kind(data, path)
+                where = str(path)
+                if kind == "model":
+                    ModelSpec.from_mapping(data, where)
+                elif kind == "device":
+                    DeviceSpec.from_mapping(data, where)
+                elif kind == "cluster":
+                    if isinstance(data.get("device"), str):
+                        load_cluster(path)
+                    else:
+                        ClusterSpec.from_mapping(data, where)
+                elif kind == "calibration":
+                    CalibrationTable.from_mapping(data, where)
+                else:
+                    PlanSpec.from_mapping(data, where, gpus=None if "dp" in data else 1)
+            print(f"ok: {path} ({kind})")
+        except SpecError as err:
+            failures += 1
+            print(f"error: {err}", file=sys.stderr)
+    return EXIT_BAD_INPUT if failures else EXIT_OK
+
+
+def _guess_kind(data: Any, path: Path) -> str:
+    if not isinstance(data, dict):
+        raise SpecError(str(path), f"must be a mapping, got {type(data).__name__}", "write 'key: value' lines")
+    keys = set(data)
+    parts = {p.lower() for p in path.parts}
+    if "calibration" in parts or keys & {"compute", "collectives"}:
+        return "calibration"
+    if "devices" in parts or any(k.startswith("peak_tflops") for k in keys):
+        return "device"
+    if "clusters" in parts or "gpus_per_node" in keys:
+        return "cluster"
+    if keys & {"layers", "hidden", "heads"}:
+        return "model"
+    if keys & {"global_batch", "tp", "pp", "dp"}:
+        return "plan"
+    raise SpecError(str(path), "is not a model, device, cluster, calibration or plan file", "check its keys")
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from simulator.validate import format_report, validate_file
+
+    report = validate_file(args.file)
+    text = format_report(report, args.format)
+    print(text)
+    if args.out is not None:
+        report.rows_frame().to_csv(args.out, index=False, float_format="%.6g")
+    return EXIT_OK
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(prog="clustersim", description="Simulate large-scale transformer training before you book it.")
+    parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sim = sub.add_parser("simulate", help="simulate one training step")
+    sim.add_argument("--model", required=True, help="built-in model name, model YAML or HF config.json")
+    sim.add_argument("--cluster", required=True, help="built-in cluster name or cluster YAML")
+    _add_plan_options(sim)
+    sim.add_argument("--format", choices=("table", "json"), default="table")
+    sim.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON here")
+    sim.set_defaults(func=_cmd_simulate)
+
+    models = sub.add_parser("models", help="list or show built-in models")
+    models.add_argument("action", choices=("list", "show"))
+    models.add_argument("name", nargs="?")
+    models.set_defaults(func=_cmd_models)
+
+    hw = sub.add_parser("hardware", help="list or show built-in devices and clusters")
+    hw.add_argument("action", choices=("list", "show"))
+    hw.add_argument("name", nargs="?")
+    hw.set_defaults(func=_cmd_hardware)
+
+    graph = sub.add_parser("graph", help="print the operator graph of a model")
+    graph.add_argument("--model", required=True)
+    graph.add_argument("--seq-len", type=int)
+    graph.add_argument("--micro-batch", type=int, default=1)
+    graph.add_argument("--attention", choices=("flash", "unfused"), default="flash")
+    graph.add_argument("--format", choices=("table", "json", "dot"), default="table")
+    graph.set_defaults(func=_cmd_graph)
+
+    check = sub.add_parser("check", help="validate model, hardware, calibration or plan files")
+    check.add_argument("files", nargs="+", type=Path)
+    check.set_defaults(func=_cmd_check)
+
+    val = sub.add_parser("validate", help="predict measured runs from a CSV and report the error")
+    val.add_argument("file", type=Path)
+    val.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    val.add_argument("--out", type=Path, help="also write per-row results as CSV")
+    val.set_defaults(func=_cmd_validate)
+
+    from simulator.calibration.cli import add_calibrate_parser
+
+    add_calibrate_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 bad input, 3 infeasible plan)."""
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        code: int = args.func(args)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except CalibrationError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except InfeasiblePlanError as err:
+        print(f"infeasible: {err}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    except BrokenPipeError:
+        return EXIT_OK
+    return code
+
+
+def main_entry() -> NoReturn:
+    """Console-script entry point."""
+    raise SystemExit(main())

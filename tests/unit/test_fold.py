@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+
+from simulator.engine.fold import TimedStep, fold
+
+
+def C(name: str, d: float, waits: tuple[int, ...] = (), overlapped: bool = False) -> TimedStep:
+    return TimedStep(name, "compute", d, waits, "compute", overlapped)
+
+
+def X(name: str, d: float, waits: tuple[int, ...], kind: str = "tp", stream: str = "comm") -> TimedStep:
+    return TimedStep(name, stream, d, waits, kind)
+
+
+def test_serial_compute_is_the_sum() -> None:
+    r = fold([C("a", 1.0), C("b", 2.0), C("c", 0.5)])
+    assert r.duration_s == pytest.approx(3.5)
+    assert r.compute_s == pytest.approx(3.5)
+    assert r.exposed == ()
+
+
+def test_blocking_collective_is_exposed() -> None:
+    r = fold([C("a", 1.0), X("ar", 0.3, (0,)), C("b", 1.0, (1,))])
+    assert r.duration_s == pytest.approx(2.3)
+    assert r.exposed_of("tp") == pytest.approx(0.3)
+
+
+def test_overlapped_collective_hides_behind_compute() -> None:
+    steps = [C("a", 1.0), X("rs", 0.4, (0,)), C("wgrad", 1.0, overlapped=True), C("next", 1.0, (1,))]
+    r = fold(steps)
+    assert r.duration_s == pytest.approx(3.0)
+    assert r.exposed_of("tp") == 0.0
+    slowed = fold(steps, overlap_slowdown=0.1)
+    assert slowed.duration_s == pytest.approx(3.1)
+
+
+def test_partially_hidden_collective_exposes_the_rest() -> None:
+    steps = [C("a", 1.0), X("rs", 1.5, (0,)), C("wgrad", 1.0), C("next", 1.0, (1,))]
+    r = fold(steps)
+    assert r.duration_s == pytest.approx(3.5)
+    assert r.exposed_of("tp") == pytest.approx(0.5)
+
+
+def test_tail_collective_counts_in_duration() -> None:
+    r = fold([C("a", 1.0), X("rs", 0.5, (0,), kind="dp", stream="dp")])
+    assert r.duration_s == pytest.approx(1.5)
+    assert r.exposed_of("dp") == pytest.approx(0.5)
+
+
+def test_streams_run_in_order() -> None:
+    steps = [C("a", 1.0), X("c1", 1.0, (0,)), X("c2", 1.0, (0,)), C("b", 0.1, (2,))]
+    r = fold(steps, timeline=True)
+    starts = {name: start for name, _, _, start, _ in r.timeline}
+    assert starts["c2"] == pytest.approx(2.0)
+    assert r.duration_s == pytest.approx(3.1)

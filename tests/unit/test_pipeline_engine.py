@@ -1,0 +1,96 @@
+"""The pipeline engine on synthetic stages: bubbles must emerge from the schedule, not from a formula."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.engine.fold import FoldResult
+from simulator.engine.pipeline import PipelineInput, StageInput, simulate_pipeline
+from simulator.errors import SimulatorError
+from simulator.parallel.schedule import generate
+
+
+def _task(d: float) -> FoldResult:
+    return FoldResult(duration_s=d, compute_s=d, exposed=(), comm_s=())
+
+
+def _pipe(schedule: str, p: int, m: int, v: int = 1, f: float = 1.0, b: float = 2.0, send: float = 0.0,
+          buckets: tuple[float, ...] = (), overlap: bool = False) -> PipelineInput:
+    orders = generate(schedule, p, m, v)
+    w = _task(b / 2) if schedule == "zb_h1" else _task(0.0)
+    bb = _task(b / 2) if schedule == "zb_h1" else _task(b)
+    stages = tuple(
+        StageInput(
+            order=orders[s],
+            fwd=(_task(f / v),) * v,
+            bwd=(_task(bb.duration_s / v),) * v,
+            wgt=(_task(w.duration_s / v),) * v,
+            dp_buckets=(buckets,) * v,
+            dp_tail_s=0.0,
+            optimizer_s=0.0,
+            param_gather_s=0.0,
+        )
+        for s in range(p)
+    )
+    return PipelineInput(stages=stages, vp=v, send_fwd_s=(send,) * p, send_bwd_s=(send,) * p, grad_overlap=overlap)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (8, 32), (4, 1)])
+def test_one_f_one_b_bubble(p: int, m: int) -> None:
+    r = simulate_pipeline(_pipe("1f1b", p, m))
+    ideal = m * 3.0
+    bubble = 1 - ideal / r.step_time_s
+    assert bubble == pytest.approx((p - 1) / (m + p - 1), rel=0.01)
+
+
+def test_gpipe_takes_as_long_as_one_f_one_b() -> None:
+    a = simulate_pipeline(_pipe("gpipe", 4, 8))
+    b = simulate_pipeline(_pipe("1f1b", 4, 8))
+    assert a.step_time_s == pytest.approx(b.step_time_s)
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_interleaving_divides_the_bubble_by_about_v(v: int) -> None:
+    p, m = 4, 16
+    base = simulate_pipeline(_pipe("1f1b", p, m)).step_time_s - m * 3.0
+    inter = simulate_pipeline(_pipe("interleaved", p, m, v)).step_time_s - m * 3.0
+    assert base / inter == pytest.approx(v, rel=0.2)
+
+
+def test_zero_bubble_is_faster_than_one_f_one_b() -> None:
+    assert simulate_pipeline(_pipe("zb_h1", 4, 8)).step_time_s < simulate_pipeline(_pipe("1f1b", 4, 8)).step_time_s
+
+
+def test_breakdown_sums_to_step_time() -> None:
+    r = simulate_pipeline(_pipe("1f1b", 4, 8, send=0.1, buckets=(0.5, 0.5)))
+    for st in r.stages:
+        parts = st.compute_s + st.pp_s + st.bubble_s + st.dp_s + st.optimizer_s + sum(v for _, v in st.exposed_s)
+        assert parts == pytest.approx(r.step_time_s)
+
+
+def test_gradient_overlap_hides_reduction() -> None:
+    slow = simulate_pipeline(_pipe("1f1b", 2, 4, buckets=(0.5, 0.5, 0.5), overlap=False)).step_time_s
+    fast = simulate_pipeline(_pipe("1f1b", 2, 4, buckets=(0.5, 0.5, 0.5), overlap=True)).step_time_s
+    assert fast < slow
+
+
+def test_step_is_never_shorter_than_the_critical_path() -> None:
+    r = simulate_pipeline(_pipe("interleaved", 4, 8, 2, send=0.05))
+    assert r.step_time_s >= r.critical_path_s
+
+
+def test_transfers_are_timed() -> None:
+    without = simulate_pipeline(_pipe("1f1b", 4, 8)).step_time_s
+    with_send = simulate_pipeline(_pipe("1f1b", 4, 8, send=0.2)).step_time_s
+    assert with_send > without
+
+
+def test_deadlock_is_reported() -> None:
+    inp = _pipe("1f1b", 2, 2)
+    bad = inp.stages[1]
+    # Stage 1 asks for its backward before its forward: a schedule no engine can run.
+    broken = StageInput(order=tuple(reversed(bad.order)), fwd=bad.fwd, bwd=bad.bwd, wgt=bad.wgt,
+                        dp_buckets=bad.dp_buckets, dp_tail_s=0, optimizer_s=0, param_gather_s=0)
+    with pytest.raises(SimulatorError, match="deadlock"):
+        simulate_pipeline(PipelineInput(stages=(inp.stages[0], broken), vp=1, send_fwd_s=(0, 0),
+                                        send_bwd_s=(0, 0), grad_overlap=False))

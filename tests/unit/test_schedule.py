@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+
+from simulator.errors import InfeasiblePlanError
+from simulator.parallel.schedule import Task, generate, in_flight
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb_h1"])
+@pytest.mark.parametrize(("p", "m"), [(1, 1), (2, 3), (4, 8), (4, 2)])
+def test_every_stage_runs_each_micro_batch_once(schedule: str, p: int, m: int) -> None:
+    for order in generate(schedule, p, m):
+        fwd = [t.mb for t in order if t.kind == "F"]
+        bwd = [t.mb for t in order if t.kind == "B"]
+        assert sorted(fwd) == list(range(m))
+        assert sorted(bwd) == list(range(m))
+        for t in order:
+            if t.kind == "B":
+                assert order.index(Task("F", t.mb)) < order.index(t)
+
+
+def test_one_f_one_b_warmup_and_memory() -> None:
+    orders = generate("1f1b", 4, 8)
+    assert [t.kind for t in orders[0][:4]] == ["F", "F", "F", "F"]
+    assert [in_flight(o) for o in orders] == [(4,), (3,), (2,), (1,)]
+    assert all(in_flight(o) == (8,) for o in generate("gpipe", 4, 8))
+
+
+def test_interleaved_visits_every_chunk_and_holds_more_on_stage_zero() -> None:
+    p, m, v = 4, 8, 2
+    orders = generate("interleaved", p, m, v)
+    for order in orders:
+        assert sorted((t.mb, t.chunk) for t in order if t.kind == "F") == [(i, c) for i in range(m) for c in range(v)]
+    live = in_flight(orders[0], v)
+    # Korthikanti et al. 2022: about (1 + (p-1)/(p·v)) times the 1F1B activations on the first stage.
+    assert sum(live) / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_interleaved_needs_micro_batches_multiple_of_pp() -> None:
+    with pytest.raises(InfeasiblePlanError, match="multiple of pp"):
+        generate("interleaved", 4, 6, 2)
+
+
+def test_zero_bubble_splits_weight_gradients() -> None:
+    order = generate("zb_h1", 4, 8)[0]
+    assert sum(1 for t in order if t.kind == "W") == 8
+    first_w = next(i for i, t in enumerate(order) if t.kind == "W")
+    first_b = next(i for i, t in enumerate(order) if t.kind == "B")
+    assert first_w > first_b

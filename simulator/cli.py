@@ -50,6 +50,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", help="none, selective or full; free if omitted")
     g.add_argument("--zero", type=int, dest="zero_stage", help="ZeRO stage 0-3 (3 = FSDP)")
     g.add_argument("--precision", help="fp16, bf16 or fp8")
+    g.add_argument("--attention", help="flash (fused kernel, default) or unfused (explicit softmax)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None)
@@ -77,6 +78,7 @@ _PLAN_KEYS = (
     "recompute",
     "zero_stage",
     "precision",
+    "attention",
     "sequence_parallel",
     "grad_overlap",
     "tp_overlap",
@@ -308,7 +310,9 @@ def _cmd_graph(args: argparse.Namespace) -> int:
         print(_graph_dot(g))
     else:
         print(f"{model.name}: seq_len {seq}, micro-batch {args.micro_batch}, attention {args.attention}")
-        print(f"{'block':<12}{'x':>4}  {'op':<28}{'kind':<10}{'phase':<11}{'GFLOP':>10}{'MB moved':>11}{'params M':>10}{'act MB':>9}")
+        print(
+            f"{'block':<12}{'x':>4}  {'op':<28}{'kind':<10}{'phase':<11}{'GFLOP':>10}{'MB moved':>11}{'params M':>10}{'act MB':>9}"
+        )
         for r in rows:
             print(
                 f"{r['block']:<12}{r['count']:>4}  {r['op']:<28}{r['kind']:<10}{r['phase']:<11}"
@@ -403,7 +407,7 @@ def _guess_kind(data: Any, path: Path) -> str:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_report, validate_file
 
-    report = validate_file(args.file)
+    report = validate_file(args.file, strict=args.strict)
     text = format_report(report, args.format)
     print(text)
     if args.out is not None:
@@ -450,6 +454,9 @@ def _build_parser() -> _Parser:
     val.add_argument("file", type=Path)
     val.add_argument("--format", choices=("table", "json", "csv"), default="table")
     val.add_argument("--out", type=Path, help="also write per-row results as CSV")
+    val.add_argument(
+        "--strict", action="store_true", help="report rows that do not fit as stated as infeasible (no relaxation)"
+    )
     val.set_defaults(func=_cmd_validate)
 
     from simulator.calibration.cli import add_calibrate_parser
@@ -484,3 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def main_entry() -> NoReturn:
     """Console-script entry point."""
     raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    main_entry()

@@ -104,6 +104,7 @@ class StepResult:
                 "grad_overlap": plan.grad_overlap,
                 "tp_overlap": plan.tp_overlap,
                 "precision": plan.precision,
+                "attention": plan.attention,
             },
             "feasible": self.feasible,
             "reason": self.reason,
@@ -164,7 +165,6 @@ def simulate(
     cluster: ClusterSpec,
     plan: PlanSpec,
     *,
-    attention: str = "flash",
     record: bool = False,
 ) -> StepResult:
     """Simulate one training step of ``model`` on ``cluster`` laid out as ``plan``.
@@ -189,11 +189,11 @@ def simulate(
     seq_len = plan.seq_len or model.seq_len
     plan = replace(plan, seq_len=seq_len)
     if not plan.free_knobs:
-        return _run(model, cluster, plan, attention, record, {})
+        return _run(model, cluster, plan, record, {})
     best: StepResult | None = None
     fallback: StepResult | None = None
     for candidate in _candidates(model, plan):
-        result = _first_fitting_recompute(model, cluster, candidate, plan, attention)
+        result = _first_fitting_recompute(model, cluster, candidate, plan)
         if result is None:
             continue
         if result.feasible:
@@ -204,15 +204,14 @@ def simulate(
     chosen = best or fallback
     if chosen is None:
         raise InfeasiblePlanError(
-            "no value of the free knobs gives a runnable plan: "
-            + _first_structural_error(model, cluster, plan, attention)
+            "no value of the free knobs gives a runnable plan: " + _first_structural_error(model, cluster, plan)
         )
     if record:
-        chosen = _run(model, cluster, chosen.plan, attention, True, chosen.chosen)
+        chosen = _run(model, cluster, chosen.plan, True, chosen.chosen)
     return chosen
 
 
-def _first_structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, attention: str) -> str:
+def _first_structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> str:
     for candidate in _candidates(model, plan):
         trial = replace(candidate, recompute=candidate.recompute or "full")
         try:
@@ -255,7 +254,7 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
 
 
 def _first_fitting_recompute(
-    model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec, attention: str
+    model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec
 ) -> StepResult | None:
     options = [candidate.recompute] if candidate.recompute is not None else list(RECOMPUTE_ORDER)
     last: StepResult | None = None
@@ -263,7 +262,7 @@ def _first_fitting_recompute(
         trial = replace(candidate, recompute=rc)
         chosen = {k: getattr(trial, k) for k in original.free_knobs}
         try:
-            result = _run(model, cluster, trial, attention, False, chosen, memory_only_if_infeasible=True)
+            result = _run(model, cluster, trial, False, chosen, memory_only_if_infeasible=True)
         except InfeasiblePlanError:
             return last
         if result.feasible:
@@ -279,7 +278,6 @@ def _run(
     model: ModelSpec,
     cluster: ClusterSpec,
     plan: PlanSpec,
-    attention: str,
     record: bool,
     chosen: dict[str, Any],
     *,
@@ -288,7 +286,7 @@ def _run(
     if plan.precision == "fp8" and "fp8" not in dict(cluster.device.peak_flops):
         raise InfeasiblePlanError(f"precision fp8 needs FP8 tensor cores; {cluster.device.name} has none")
     layout = resolve_layout(model, cluster, plan)
-    graph = build_graph(model, layout.seq_len, layout.micro_batch, attention)
+    graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
     chunks = partition(graph, plan.pp, layout.vp)
     orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     capacity = cluster.device.hbm_bytes

@@ -7,7 +7,8 @@ that fits in memory) and reports the choice. Free-able knobs are listed in :data
 knobs have defaults an experienced Megatron-LM user expects: the structural degrees (tp, pp, cp, ep) are 1
 and ``dp`` is derived from the GPU count; ``sequence_parallel`` is on whenever tp > 1 (NeMo and Megatron
 recommend it); ``tp_overlap`` (TE userbuffers overlap of TP collectives with GEMMs) is off; ``schedule`` is
-1F1B, interleaved when vp > 1; ``precision`` is bf16.
+1F1B, interleaved when vp > 1; ``precision`` is bf16; ``attention`` is ``flash`` (a fused FlashAttention-style
+kernel; ``unfused`` is the explicit-softmax path Megatron-LM used before FlashAttention, Dao et al. 2022).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields
 
-__all__ = ["FREE_KNOBS", "PRECISIONS", "RECOMPUTE", "SCHEDULES", "PlanSpec"]
+__all__ = ["ATTENTION", "FREE_KNOBS", "PRECISIONS", "RECOMPUTE", "SCHEDULES", "PlanSpec"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp8")
+ATTENTION = ("flash", "unfused")
 FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap")
 
 _AUTO = ("auto", "free", "")
@@ -54,6 +56,7 @@ class PlanSpec:
     grad_overlap: bool | None = None
     tp_overlap: bool | None = None
     precision: str = "bf16"
+    attention: str = "flash"
     expert_imbalance: float = 1.0
     straggler_factor: float = 1.0
 
@@ -120,6 +123,7 @@ class PlanSpec:
             "grad_overlap": g.boolean("grad_overlap", None),
             "tp_overlap": g.boolean("tp_overlap", None),
             "precision": g.choice("precision", PRECISIONS, "bf16"),
+            "attention": g.choice("attention", ATTENTION, "flash"),
             "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
             "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),
         }

@@ -1,0 +1,71 @@
+"""Benchmark: wall time of one ``simulate`` call, median over repeats.
+
+Scenarios from issue 3: GPT-3 175B on 1,024 A100s (tp 8, pp 8, dp 16, global batch 1536, micro-batch 1),
+Llama 3 405B on 16,384 H100s (tp 8, pp 16, dp 128, global batch 2048), and the flatness of wall time as
+dp grows from 16 to 1,024 at fixed work per replica. Run:
+
+    python analysis/benchmarks/bench_simulate.py [--repeats 15]
+
+Each measurement calls the public API in-process; the first (cold) call, which builds caches, is reported
+separately from the warm median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+from simulator.run import simulate
+from simulator.specs import PlanSpec, load_cluster, load_model
+
+
+def _time(fn, repeats: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    fn()
+    cold = time.perf_counter() - t0
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return cold, statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args()
+    print(f"python {platform.python_version()} on {platform.machine()} ({platform.processor() or 'cpu'})")
+    gpt3 = load_model("gpt3-175b")
+    a100 = load_cluster("dgx-a100-80g")
+    plan = PlanSpec(tp=8, pp=8, dp=16, global_batch=1536, micro_batch=1, recompute="selective",
+                    sequence_parallel=True, grad_overlap=True, vp=1)
+    cold, warm = _time(lambda: simulate(gpt3, a100, plan), args.repeats)
+    r = simulate(gpt3, a100, plan)
+    print(f"gpt3-175b 1024xA100 tp8 pp8 dp16 gb1536 mb1: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
+          f"step {r.step_time_s:.2f} s  [target <= 50 ms]")
+
+    llama = load_model("llama3-405b")
+    h100 = load_cluster("dgx-h100")
+    plan = PlanSpec(tp=8, pp=16, dp=128, global_batch=2048, micro_batch=1, recompute="full",
+                    sequence_parallel=True, grad_overlap=True, vp=1, zero_stage=1)
+    cold, warm = _time(lambda: simulate(llama, h100, plan), args.repeats)
+    r = simulate(llama, h100, plan)
+    print(f"llama3-405b 16384xH100 tp8 pp16 dp128 gb2048: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
+          f"step {r.step_time_s:.2f} s  [target <= 200 ms]")
+
+    times = []
+    for dp in (16, 64, 256, 1024):
+        plan = PlanSpec(tp=8, pp=8, dp=dp, global_batch=96 * dp, micro_batch=1, recompute="selective",
+                        sequence_parallel=True, grad_overlap=True, vp=1)
+        _, warm = _time(lambda plan=plan: simulate(gpt3, a100, plan), args.repeats)
+        times.append(warm)
+        print(f"  gpt3-175b dp={dp:<5} ({64 * dp} GPUs, 96 micro-batches per replica): median {warm * 1e3:.1f} ms")
+    spread = max(times) / min(times) - 1
+    print(f"wall time spread across dp 16..1024: {spread * 100:.1f}%  [target within 20%]")
+
+
+if __name__ == "__main__":
+    main()

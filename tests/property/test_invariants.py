@@ -1,0 +1,123 @@
+"""Invariants of the simulator over random small configurations (Hypothesis)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simulator.errors import InfeasiblePlanError
+from simulator.run import simulate
+from simulator.specs.hardware import ClusterSpec, DeviceSpec
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+
+DEVICE = DeviceSpec(
+    name="prop-gpu",
+    peak_flops=(("bf16", 300e12), ("fp16", 300e12), ("fp8", 600e12)),
+    hbm_bytes=80 * 2**30,
+    hbm_bandwidth_bytes_per_s=2e12,
+)
+CLUSTER = ClusterSpec(
+    name="prop-cluster",
+    device=DEVICE,
+    gpus_per_node=8,
+    nvlink_bandwidth_bytes_per_s=300e9,
+    nics_per_node=8,
+    nic_bandwidth_bytes_per_s=25e9,
+)
+MODEL = ModelSpec(name="prop", layers=8, hidden=1024, heads=16, kv_heads=8, ffn_hidden=4096, vocab=8192, seq_len=512)
+
+layouts = st.fixed_dictionaries(
+    {
+        "tp": st.sampled_from([1, 2, 4, 8]),
+        "pp": st.sampled_from([1, 2, 4]),
+        "dp": st.sampled_from([1, 2, 4, 16]),
+        "cp": st.sampled_from([1, 2]),
+        "micro_batch": st.sampled_from([1, 2]),
+        "m": st.sampled_from([1, 2, 4, 8]),
+        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "zero_stage": st.sampled_from([0, 1, 2, 3]),
+        "grad_overlap": st.booleans(),
+        "schedule": st.sampled_from(["1f1b", "gpipe", "zb_h1"]),
+    }
+)
+
+
+def _plan(d: dict) -> PlanSpec:
+    return PlanSpec(
+        tp=d["tp"],
+        pp=d["pp"],
+        dp=d["dp"],
+        cp=d["cp"],
+        micro_batch=d["micro_batch"],
+        global_batch=d["micro_batch"] * d["dp"] * d["m"],
+        recompute=d["recompute"],
+        zero_stage=d["zero_stage"],
+        grad_overlap=d["grad_overlap"],
+        schedule=d["schedule"],
+        vp=1,
+    )
+
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(layouts)
+def test_gpu_count_and_busy_time(d: dict) -> None:
+    plan = _plan(d)
+    assert plan.num_gpus == plan.tp * plan.pp * plan.dp * plan.cp
+    r = simulate(MODEL, CLUSTER, plan)
+    assert r.num_gpus == plan.num_gpus
+    for stage in r.stage_breakdown:
+        assert stage["compute_s"] <= r.step_time_s * (1 + 1e-9)
+        assert sum(stage.values()) == pytest.approx(r.step_time_s, rel=1e-6)
+
+
+@SETTINGS
+@given(layouts, st.sampled_from(["nvlink", "nic", "hbm", "flops"]), st.sampled_from([1.5, 2.0, 4.0]))
+def test_more_hardware_never_slows_a_step(d: dict, what: str, factor: float) -> None:
+    plan = _plan(d)
+    faster = {
+        "nvlink": replace(CLUSTER, nvlink_bandwidth_bytes_per_s=CLUSTER.nvlink_bandwidth_bytes_per_s * factor),
+        "nic": replace(CLUSTER, nic_bandwidth_bytes_per_s=CLUSTER.nic_bandwidth_bytes_per_s * factor),
+        "hbm": replace(CLUSTER, device=replace(DEVICE, hbm_bandwidth_bytes_per_s=DEVICE.hbm_bandwidth_bytes_per_s * factor)),
+        "flops": replace(
+            CLUSTER, device=replace(DEVICE, peak_flops=tuple((p, f * factor) for p, f in DEVICE.peak_flops))
+        ),
+    }[what]
+    base = simulate(MODEL, CLUSTER, plan).step_time_s
+    better = simulate(MODEL, faster, plan).step_time_s
+    assert better <= base * (1 + 1e-9)
+
+
+def test_serial_sum_at_tp_pp_dp_1() -> None:
+    """With no parallelism the step is the sum of every op's time over all micro-batches plus the optimizer."""
+    from simulator.cost.compute import ComputeModel
+    from simulator.graph.transformer import build_graph
+    from simulator.run import _default_table
+
+    plan = PlanSpec(micro_batch=2, global_batch=8, recompute="none", grad_overlap=False)
+    r = simulate(MODEL, CLUSTER, plan)
+    cm = ComputeModel(DEVICE, None, _default_table(), "bf16")
+    g = build_graph(MODEL, MODEL.seq_len, 2)
+    per_mb = sum(cm.time(op) * b.count for b in g.blocks for op in b.forward + b.backward)
+    total = per_mb * 4 + cm.time(g.optimizer)
+    assert r.step_time_s == pytest.approx(total, rel=1e-9)
+
+
+@SETTINGS
+@given(layouts)
+def test_same_inputs_same_answer(d: dict) -> None:
+    plan = _plan(d)
+    assert simulate(MODEL, CLUSTER, plan) == simulate(MODEL, CLUSTER, plan)
+
+
+@SETTINGS
+@given(st.sampled_from([3, 5, 6, 7]))
+def test_indivisible_tp_is_infeasible(tp: int) -> None:
+    with pytest.raises(InfeasiblePlanError, match="'tp' must divide 'heads'"):
+        simulate(MODEL, CLUSTER, PlanSpec(tp=tp, global_batch=1, micro_batch=1, recompute="none", grad_overlap=True))

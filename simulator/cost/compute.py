@@ -22,7 +22,7 @@ __all__ = ["FALLBACK_EFFICIENCY", "ComputeModel"]
 # Used only when neither the cluster's table nor the default table has a curve for an op class: a flat
 # efficiency per class. Sources: the large-size plateaus of the measured A100/H100 tables that ship with
 # clustersim (hardware_profiles/calibration/), rounded down; the default table normally covers every class.
-FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.7}
+FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.5}
 
 
 @dataclass
@@ -63,6 +63,22 @@ class ComputeModel:
                 return curve, False
         return None, False
 
+    @staticmethod
+    def memory_class(op: Op) -> str:
+        """The calibration class of a memory-bound operator of the graph (see specs.calibration.MEMORY_CLASSES)."""
+        name = op.name
+        if name.startswith(("ln", "final_norm")):
+            return "norm"
+        if "rope" in name:
+            return "rope"
+        if name.startswith("embedding.lookup"):
+            return "embedding"
+        if name.endswith((".act", ".act.bwd")):
+            return "activation"
+        if name.endswith(("dropout_add", "dropout_add.bwd", "dropout", "dropout.bwd")) or name.startswith("optimizer"):
+            return "elementwise"
+        return "memory"
+
     def op_precision(self, op: Op) -> str:
         """The precision an op computes in under this model's training precision."""
         fp8_excluded = ("head.", "moe.router", "attn.scores", "attn.context")
@@ -87,7 +103,10 @@ class ComputeModel:
             size = op.bytes
             if size <= 0:
                 return 0.0
-            curve, calibrated = self._curve("memory", precision)
+            cls = self.memory_class(op)
+            curve, calibrated = self._curve(cls, precision)
+            if curve is None:
+                curve, calibrated = self._curve("memory", precision)
             eff = self._efficiency(curve, calibrated, "memory", size, hbm)
             return size / (hbm * eff)
         flops = op.flops

@@ -26,6 +26,7 @@ __all__ = [
     "AXES",
     "COLLECTIVES",
     "COMPUTE_OPS",
+    "MEMORY_CLASSES",
     "SCOPES",
     "BandwidthCurve",
     "CalibrationTable",
@@ -33,7 +34,11 @@ __all__ = [
     "interp",
 ]
 
-COMPUTE_OPS = ("gemm", "attention", "memory")
+# Memory-bound kernels differ a lot in how well they use HBM (a fused residual add streams at ~85% of peak,
+# a normalisation or an embedding gather far lower), so they get their own classes; ``memory`` is the
+# generic curve used for anything else and as the fallback.
+COMPUTE_OPS = ("gemm", "attention", "memory", "norm", "elementwise", "activation", "rope", "embedding")
+MEMORY_CLASSES = ("memory", "norm", "elementwise", "activation", "rope", "embedding")
 AXES = ("size", "ideal_seconds")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 SCOPES = ("domain", "network")

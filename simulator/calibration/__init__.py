@@ -1,0 +1,10 @@
+"""Calibration: measured kernels and collectives in, efficiency tables out, predictions checked.
+
+* :mod:`.rows` — the tidy measurement row every source produces (our PyTorch profiler, third-party data).
+* :mod:`.importers` — readers for public profiles (Vidur, nccl-tests, PyTorch profiler traces).
+* :mod:`.fit` — rows to a :class:`~simulator.specs.calibration.CalibrationTable`, with a held-out residual
+  report, and the device-independent default table.
+* :mod:`.profile`, :mod:`.check`, :mod:`.host` — the loop on real hardware (PyTorch, optional extra).
+
+Nothing here is imported by the engine; the simulator reads only the fitted tables.
+"""

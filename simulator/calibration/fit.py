@@ -1,0 +1,306 @@
+"""Fit measurement rows into a calibration table, and report how well the table predicts held-out rows.
+
+Compute curves, one per (op class, precision): each row's efficiency is ``FLOPs / (time · peak)`` for GEMMs
+and attention, ``bytes / (time · HBM bandwidth)`` for memory-bound kernels; rows are binned by log10 of
+their size (``bins_per_decade`` bins per decade) and each bin contributes the *median* efficiency at the
+median size of its rows. Medians make the table robust to the outliers every profile has (a kernel that
+caught a clock dip, a shape with an unlucky tiling) without smoothing away real steps. Bins with fewer
+than three rows are dropped when better-populated bins exist. Efficiencies are clipped to (0, 1].
+
+Collective curves, one per (collective, scope, group size), give the nccl-tests bus bandwidth
+``size / time · factor`` (factor 2(n−1)/n for all-reduce, (n−1)/n for all-gather, reduce-scatter and
+all-to-all, 1 for send/recv; nccl-tests ``doc/PERFORMANCE.md``) binned two per octave of message size.
+Only ``domain`` scope (inside one NVLink domain or host) is fitted into tables: a network curve describes
+one particular fabric and NIC count, which the cluster profile already states; its rows are kept for
+reports.
+
+The default table (:func:`default_table`) re-expresses each measured device's compute curves against the
+op's *ideal time at peak* (size / peak) and takes the median over devices: small kernels are limited by
+launch and ramp-up latencies measured in seconds, not by their FLOPs, so that axis transfers between
+devices of different speed. Its collective curves are bus bandwidth as a fraction of the measured
+cluster's NVLink bandwidth, scaled to the target cluster's when used.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import zlib
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from simulator.calibration.rows import Measurement, memory_class
+from simulator.cost.communication import bus_factor
+from simulator.errors import CalibrationError
+from simulator.specs.calibration import (
+    COMPUTE_OPS,
+    MEMORY_CLASSES,
+    BandwidthCurve,
+    CalibrationTable,
+    EfficiencyCurve,
+    interp,
+)
+from simulator.specs.hardware import DeviceSpec
+from simulator.units import GB
+
+__all__ = ["default_table", "fit_table", "residual_report"]
+
+MIN_BIN_ROWS = 3
+
+
+def _efficiency(row: Measurement, device: DeviceSpec) -> tuple[float, float]:
+    """(size, efficiency) of a compute row."""
+    if row.kind == "memory":
+        return row.bytes, row.bytes / (row.time_s * device.hbm_bandwidth_bytes_per_s)
+    return row.flops, row.flops / (row.time_s * device.peak(_peak_precision(row.precision)))
+
+
+def _peak_precision(precision: str) -> str:
+    return {"fp32": "tf32"}.get(precision, precision or "bf16")
+
+
+def _binned(
+    points: list[tuple[float, float]], per_unit: float, log: Any
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    bins: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for size, value in points:
+        if size > 0 and value > 0 and math.isfinite(value):
+            x = log(size)
+            bins[math.floor(x * per_unit)].append((x, value))
+    if not bins:
+        return (), ()
+    populated = {k: v for k, v in bins.items() if len(v) >= MIN_BIN_ROWS}
+    use = populated or bins
+    xs: list[float] = []
+    ys: list[float] = []
+    for key in sorted(use):
+        pts = use[key]
+        x = statistics.median(p[0] for p in pts)
+        if xs and x <= xs[-1]:
+            continue
+        xs.append(round(x, 4))
+        ys.append(statistics.median(p[1] for p in pts))
+    return tuple(xs), tuple(ys)
+
+
+def fit_table(
+    rows: Sequence[Measurement],
+    device: DeviceSpec,
+    *,
+    name: str,
+    source: str = "",
+    provenance: Sequence[tuple[str, str]] = (),
+    bins_per_decade: int = 4,
+) -> CalibrationTable:
+    """A calibration table for ``device`` from measurement ``rows``.
+
+    Raises
+    ------
+    CalibrationError
+        When no row yields a curve.
+    """
+    compute: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    colls: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
+    for row in rows:
+        if row.kind == "collective":
+            if row.scope != "domain" or row.ranks < 2 or row.bytes <= 0:
+                continue
+            busbw = row.bytes / row.time_s * (bus_factor(row.op, row.ranks) or 1.0)
+            colls[(row.op, row.scope, row.ranks)].append((row.bytes, busbw))
+        else:
+            if row.kind == "memory":
+                point = _efficiency(row, device)
+                compute[(memory_class(row.op), "any")].append(point)
+                compute[("memory", "any")].append(point)
+            else:
+                compute[(row.kind, row.precision)].append(_efficiency(row, device))
+    curves: list[EfficiencyCurve] = []
+    for (kind, precision), points in sorted(compute.items()):
+        xs, ys = _binned(points, bins_per_decade, math.log10)
+        if xs:
+            curves.append(
+                EfficiencyCurve(
+                    op=kind,
+                    precision=precision,
+                    log10_size=xs,
+                    efficiency=tuple(round(min(max(y, 1e-4), 1.0), 4) for y in ys),
+                    samples=len(points),
+                    source=_sources(rows, kind, precision),
+                )
+            )
+    bands: list[BandwidthCurve] = []
+    for (op, scope, ranks), points in sorted(colls.items()):
+        xs, ys = _binned(points, 2, math.log2)
+        if xs:
+            bands.append(
+                BandwidthCurve(
+                    collective=op,
+                    scope=scope,
+                    ranks=ranks,
+                    log2_bytes=xs,
+                    busbw_bytes_per_s=tuple(round(y / GB, 3) * GB for y in ys),
+                    samples=len(points),
+                    source=_sources(rows, "collective", op),
+                )
+            )
+    if not curves and not bands:
+        raise CalibrationError(f"no usable measurements for {device.name}: every row was empty or out of scope")
+    return CalibrationTable(
+        name=name,
+        device=device.name,
+        compute=tuple(curves),
+        collectives=tuple(bands),
+        provenance=tuple(provenance),
+        source=source,
+    )
+
+
+def _sources(rows: Sequence[Measurement], kind: str, key: str) -> str:
+    found = sorted(
+        {
+            r.source.rsplit("/", 2)[0] if "/" in r.source else r.source
+            for r in rows
+            if r.kind == kind and (key in (r.precision, r.op) or kind == "memory")
+        }
+    )
+    text = "; ".join(found)
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+def predict_time(row: Measurement, table: CalibrationTable, device: DeviceSpec) -> float | None:
+    """What ``table`` predicts for a measured row (None when it has no curve for it)."""
+    if row.kind == "collective":
+        curve = table.bandwidth_curve(row.op, row.scope, row.ranks)
+        if curve is None or curve.ranks != row.ranks:
+            return None
+        return row.bytes * (bus_factor(row.op, row.ranks) or 1.0) / curve.at(row.bytes)
+    if row.kind == "memory":
+        mcurve = table.compute_curve(memory_class(row.op), "any") or table.compute_curve("memory", "any")
+        if mcurve is None:
+            return None
+        return row.bytes / (device.hbm_bandwidth_bytes_per_s * mcurve.at(row.bytes, device.hbm_bandwidth_bytes_per_s))
+    ccurve = table.compute_curve(row.kind, row.precision)
+    if ccurve is None:
+        return None
+    peak = device.peak(_peak_precision(row.precision))
+    return row.flops / (peak * ccurve.at(row.flops, peak))
+
+
+def residual_report(
+    rows: Sequence[Measurement], device: DeviceSpec, *, holdout_every: int = 5, name: str = "holdout"
+) -> dict[str, dict[str, float]]:
+    """Fit on about (1 − 1/holdout_every) of the rows (chosen by a hash of each shape) and predict the rest.
+
+    Returns, per curve (``gemm:fp16``, ``memory``, ``all_reduce:8``...), the held-out count and the median
+    and 90th-percentile absolute relative error of predicted vs measured time.
+    """
+    def held_out(r: Measurement) -> bool:
+        # A stable hash of the shape, so the split is deterministic and not aligned with file order.
+        key = f"{r.kind}|{r.op}|{r.m}|{r.n}|{r.k}|{r.batch}|{r.bytes}|{r.ranks}|{r.source}"
+        return zlib.crc32(key.encode()) % holdout_every == 0
+
+    train = [r for r in rows if not held_out(r)]
+    test = [r for r in rows if held_out(r)]
+    table = fit_table(train, device, name=name)
+    errors: dict[str, list[float]] = defaultdict(list)
+    for row in test:
+        predicted = predict_time(row, table, device)
+        if predicted is None:
+            continue
+        if row.kind == "collective":
+            key = f"{row.op}:{row.ranks}"
+        elif row.kind == "memory":
+            key = memory_class(row.op)
+        else:
+            key = f"{row.kind}:{row.precision}"
+        errors[key].append(abs(predicted / row.time_s - 1.0))
+    report: dict[str, dict[str, float]] = {}
+    for key, errs in sorted(errors.items()):
+        errs.sort()
+        report[key] = {
+            "n": float(len(errs)),
+            "median_abs_error": statistics.median(errs),
+            "p90_abs_error": errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)],
+        }
+    return report
+
+
+def default_table(
+    measured: Sequence[tuple[CalibrationTable, DeviceSpec, float]],
+    *,
+    name: str = "default",
+    step: float = 0.25,
+) -> CalibrationTable:
+    """Device-independent curves from measured ``(table, device, nvlink_bytes_per_s)`` triples (module docstring)."""
+    if not measured:
+        raise CalibrationError("default_table needs at least one measured table")
+    compute: list[EfficiencyCurve] = []
+    for kind in COMPUTE_OPS:
+        shifted: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+        for table, device, _ in measured:
+            for curve in table.compute:
+                if curve.op != kind or curve.precision not in ("fp16", "bf16", "any"):
+                    continue
+                peak = (
+                    device.hbm_bandwidth_bytes_per_s
+                    if kind == "memory"
+                    else device.peak(curve.precision if curve.precision != "any" else "bf16")
+                )
+                off = math.log10(peak)
+                shifted.append((tuple(x - off for x in curve.log10_size), curve.efficiency))
+        if not shifted:
+            continue
+        lo = min(xs[0] for xs, _ in shifted)
+        hi = max(xs[-1] for xs, _ in shifted)
+        grid = [lo + i * step for i in range(int((hi - lo) / step) + 1)] + [hi]
+        ys = [statistics.median(interp(xs, vals, g) for xs, vals in shifted) for g in grid]
+        xs_out: list[float] = []
+        ys_out: list[float] = []
+        for g, y in zip(grid, ys, strict=True):
+            if not xs_out or g > xs_out[-1] + 1e-9:
+                xs_out.append(round(g, 4))
+                ys_out.append(round(y, 4))
+        compute.append(
+            EfficiencyCurve(
+                op=kind,
+                precision="any",
+                log10_size=tuple(xs_out),
+                efficiency=tuple(ys_out),
+                axis="ideal_seconds",
+                samples=sum(c.samples for t, _, _ in measured for c in t.compute if c.op == kind),
+                source="median of " + ", ".join(t.name for t, _, _ in measured),
+            )
+        )
+    bands: list[BandwidthCurve] = []
+    groups: dict[tuple[str, int], list[tuple[BandwidthCurve, float]]] = defaultdict(list)
+    for table, _, nvlink in measured:
+        for curve in table.collectives:
+            if curve.scope == "domain":
+                groups[(curve.collective, curve.ranks)].append((curve, nvlink))
+    for (collective, ranks), items in sorted(groups.items()):
+        lo = min(c.log2_bytes[0] for c, _ in items)
+        hi = max(c.log2_bytes[-1] for c, _ in items)
+        grid = [lo + i * 0.5 for i in range(int((hi - lo) / 0.5) + 1)]
+        fractions = [
+            statistics.median(interp(c.log2_bytes, c.busbw_bytes_per_s, g) / bw for c, bw in items) for g in grid
+        ]
+        bands.append(
+            BandwidthCurve(
+                collective=collective,
+                scope="domain",
+                ranks=ranks,
+                log2_bytes=tuple(round(g, 4) for g in grid),
+                busbw_bytes_per_s=tuple(round(f, 4) * GB for f in fractions),
+                samples=sum(c.samples for c, _ in items),
+                source="fraction of NVLink bandwidth, median of " + ", ".join(sorted({t.name for t, _, _ in measured})),
+                reference_bandwidth_bytes_per_s=1.0 * GB,
+            )
+        )
+    return CalibrationTable(
+        name=name,
+        device="any",
+        compute=tuple(compute),
+        collectives=tuple(bands),
+        source="derived from the measured tables by clustersim.calibration.fit.default_table",
+    )

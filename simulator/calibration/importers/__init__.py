@@ -1,0 +1,1 @@
+"""Importers: third-party kernel and collective measurements translated into :class:`~..rows.Measurement` rows."""

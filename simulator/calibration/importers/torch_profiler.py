@@ -1,0 +1,257 @@
+"""Import a PyTorch profiler (Kineto) Chrome trace: kernel durations attributed to the operators that ran them.
+
+A trace exported with ``torch.profiler.profile(..., record_shapes=True).export_chrome_trace(path)`` holds
+``traceEvents``; CPU operators have ``cat == "cpu_op"`` with ``args["Input Dims"]``, ``args["Input type"]``
+and ``args["External id"]``; GPU kernels have ``cat == "kernel"`` and carry the launching operator's
+``External id`` (and a ``correlation`` id shared with the ``cuda_runtime`` launch event). A kernel is
+attributed to the innermost CPU operator with its External id, falling back to the operator whose time span
+contains the launch (the rule Vidur's tracer uses). Durations (``dur``) are microseconds (Trace Event
+Format). On a CPU-only trace there are no kernels, and leaf operators' own durations are used.
+
+Recognised operators: ``aten::mm``/``addmm``/``bmm``/``linear``/``matmul`` (GEMM), scaled-dot-product
+attention forward and backward (attention), norms, activations, element-wise arithmetic, softmax and
+dropout (memory-bound), and NCCL kernels (collectives, sized by ``record_param_comms``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from simulator.calibration.rows import Measurement
+from simulator.errors import CalibrationError
+
+__all__ = ["import_torch_trace"]
+
+_DTYPE_BYTES = {
+    "float": 4,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "double": 8,
+    "long int": 8,
+    "int": 4,
+    "bool": 1,
+    "c10::Float8_e4m3fn": 1,
+    "c10::Float8_e5m2": 1,
+}
+_PRECISION = {"float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16", "c10::Float8_e4m3fn": "fp8"}
+_GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"}
+_ATTN_FWD = {
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+}
+_MEMORY = {
+    "aten::layer_norm",
+    "aten::native_layer_norm",
+    "aten::native_layer_norm_backward",
+    "aten::rms_norm",
+    "aten::gelu",
+    "aten::gelu_backward",
+    "aten::silu",
+    "aten::silu_backward",
+    "aten::add",
+    "aten::add_",
+    "aten::mul",
+    "aten::mul_",
+    "aten::softmax",
+    "aten::_softmax",
+    "aten::_softmax_backward_data",
+    "aten::dropout",
+    "aten::native_dropout",
+    "aten::copy_",
+    "aten::_log_softmax",
+    "aten::nll_loss_forward",
+}
+_NCCL = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "sendrecv": "send_recv",
+    "alltoall": "all_to_all",
+    "send": "send_recv",
+    "recv": "send_recv",
+}
+
+
+def _numel(dims: Any) -> int:
+    if not isinstance(dims, list) or not dims:
+        return 0
+    return math.prod(int(d) for d in dims) if all(isinstance(d, int) for d in dims) else 0
+
+
+def _classify(op: dict[str, Any]) -> dict[str, Any] | None:
+    """Shape, FLOPs and bytes of a recognised CPU operator."""
+    name = op["name"]
+    args = op.get("args", {})
+    dims = args.get("Input Dims") or []
+    types = args.get("Input type") or []
+    dtype = next((t for t in types if t in _PRECISION), "float")
+    elem = _DTYPE_BYTES.get(dtype, 2)
+    precision = _PRECISION.get(dtype, "fp32")
+    if name in _GEMM:
+        mats = [d for d in dims if isinstance(d, list) and len(d) >= 2]
+        if name == "aten::linear" and len(mats) >= 2:
+            x, w = mats[0], mats[1]
+            m = _numel(x[:-1])
+            k, n = x[-1], w[0]
+            batch = 1
+        elif len(mats) >= 2:
+            a, b = mats[-2], mats[-1]
+            batch = _numel(a[:-2]) or 1
+            m, k, n = a[-2], a[-1], b[-1]
+        else:
+            return None
+        return {
+            "kind": "gemm",
+            "m": m,
+            "n": n,
+            "k": k,
+            "batch": batch,
+            "flops": 2.0 * batch * m * n * k,
+            "bytes": float(elem * batch * (m * k + k * n + m * n)),
+            "precision": precision,
+        }
+    if name in _ATTN_FWD or (name.endswith("_backward") and name.removesuffix("_backward") in _ATTN_FWD):
+        if len(dims) < 2 or len(dims[0]) != 4:
+            return None
+        b, h, sq, d = dims[0]
+        skv = dims[1][2]
+        flops = 4.0 * b * h * sq * skv * d * (2.5 if name.endswith("_backward") else 1.0)
+        return {
+            "kind": "attention",
+            "m": sq,
+            "n": skv,
+            "k": d,
+            "batch": b * h,
+            "flops": flops,
+            "bytes": float(elem * 4 * b * h * sq * d),
+            "precision": precision,
+        }
+    if name in _MEMORY:
+        tensors = [_numel(d) for d in dims if isinstance(d, list)]
+        if not tensors:
+            return None
+        moved = float(elem * (sum(tensors) + max(tensors)))  # inputs read, one output written
+        return {"kind": "memory", "m": max(tensors), "bytes": moved, "precision": precision}
+    return None
+
+
+def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
+    """Rows from one Chrome trace; identical operator shapes are merged (median time)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise CalibrationError(f"{path}: not a readable Chrome trace JSON ({err})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise CalibrationError(f"{path}: no traceEvents list; export with prof.export_chrome_trace(path)")
+    ops = [e for e in events if isinstance(e, dict) and e.get("cat") == "cpu_op" and "dur" in e]
+    kernels = [e for e in events if isinstance(e, dict) and e.get("cat") == "kernel" and "dur" in e]
+    device = (
+        device or str((data.get("deviceProperties") or [{}])[0].get("name", "")) if isinstance(data, dict) else device
+    )
+    by_ext: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for op in ops:
+        ext = op.get("args", {}).get("External id")
+        if ext is not None:
+            by_ext[ext].append(op)
+    op_time: dict[int, float] = defaultdict(float)
+    comm_rows: list[tuple[str, float, float, int]] = []
+    for kern in kernels:
+        kname = kern.get("name", "")
+        if "nccl" in kname.lower():
+            low = kname.lower().replace("_", "")
+            coll = next((v for k, v in _NCCL.items() if k in low), None)
+            if coll is None:
+                continue
+            size, group = _comm_size(ops, kern)
+            if size > 0:
+                comm_rows.append((coll, size, float(kern["dur"]) * 1e-6, group))
+            continue
+        ext = kern.get("args", {}).get("External id")
+        owners = by_ext.get(ext) or [o for o in ops if o["ts"] <= kern["ts"] <= o["ts"] + o["dur"]]
+        recognised = [o for o in owners if _classify(o) is not None]
+        if recognised:
+            owner = min(recognised, key=lambda o: o["dur"])  # innermost recognised operator
+            op_time[id(owner)] += float(kern["dur"])
+    if not kernels:
+        # CPU-only trace: a recognised operator's own duration is its time.
+        for op in ops:
+            if _classify(op) is not None:
+                op_time[id(op)] += float(op["dur"])
+    groups: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    info: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for op in ops:
+        t = op_time.get(id(op))
+        if not t:
+            continue
+        c = _classify(op)
+        assert c is not None
+        key = (op["name"], c["kind"], c.get("m", 0), c.get("n", 0), c.get("k", 0), c.get("batch", 1), c["bytes"])
+        groups[key].append(t * 1e-6)
+        info[key] = c
+    rows: list[Measurement] = []
+    for key in sorted(groups, key=str):
+        c = info[key]
+        times = groups[key]
+        rows.append(
+            Measurement(
+                kind=c["kind"],
+                op=key[0],
+                precision=c["precision"],
+                m=int(c.get("m", 0)),
+                n=int(c.get("n", 0)),
+                k=int(c.get("k", 0)),
+                batch=int(c.get("batch", 1)),
+                flops=float(c.get("flops", 0.0)),
+                bytes=float(c["bytes"]),
+                time_s=statistics.median(times),
+                time_s_min=min(times),
+                repeats=len(times),
+                device=device,
+                source=f"PyTorch profiler trace {path.name}",
+            )
+        )
+    merged: dict[tuple[Any, ...], list[float]] = defaultdict(list)
+    for coll, size, seconds, group in comm_rows:
+        merged[(coll, size, group)].append(seconds)
+    for (coll, size, group), times in sorted(merged.items()):
+        rows.append(
+            Measurement(
+                kind="collective",
+                op=coll,
+                bytes=size,
+                ranks=group,
+                scope="domain",
+                time_s=statistics.median(times),
+                repeats=len(times),
+                device=device,
+                source=f"PyTorch profiler trace {path.name}",
+            )
+        )
+    if not rows:
+        raise CalibrationError(
+            f"{path}: no recognised operators with timings; record with record_shapes=True and CUDA activity"
+        )
+    return rows
+
+
+def _comm_size(ops: list[dict[str, Any]], kern: dict[str, Any]) -> tuple[float, int]:
+    """Message bytes and group size from the ``record_param_comms`` operator that launched an NCCL kernel."""
+    ext = kern.get("args", {}).get("External id")
+    for op in ops:
+        if op.get("name") != "record_param_comms":
+            continue
+        args = op.get("args", {})
+        if ext is not None and args.get("External id") != ext:
+            continue
+        nelems = float(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
+        elem = _DTYPE_BYTES.get(str(args.get("dtype", "")).replace("BFloat16", "c10::BFloat16"), 2)
+        return nelems * elem, int(args.get("Group size") or 0)
+    return 0.0, 0

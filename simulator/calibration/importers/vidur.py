@@ -1,0 +1,197 @@
+"""Import Microsoft Vidur's public profiles (``data/profiling/`` of microsoft/vidur, MIT licence).
+
+What the files are, read from Vidur's profiling code (``vidur/profiling/mlp/mlp_wrapper.py``,
+``vidur/profiling/collectives/collectives_impl.py``, ``vidur/profiling/utils/record_function_tracer.py``):
+
+* ``compute/<gpu>/<model>/mlp.csv``: forward times of the operators of one transformer layer, the model cast
+  to ``torch.float16``; ``time_stats.<op>.median`` is in **milliseconds** (the tracer multiplies the
+  profiler's microseconds by 1e-3), per ``num_tokens`` and tensor-parallel width. GEMM shapes follow from
+  the columns (below); memory-bound operators are converted to HBM bytes with the formulas in
+  :func:`_memory_bytes`.
+* ``network/<node>/all_reduce.csv`` and ``send_recv.csv``: NCCL times in milliseconds; ``size`` is the
+  message in **bytes** (an 8-GPU A100 all-reduce of 64 MiB takes 0.675 ms, a bus bandwidth of 174 GB/s,
+  which only the byte reading makes physical: as fp16 elements it would exceed NVLink's 300 GB/s).
+  ``devices_per_node`` < ``num_workers`` means the group spans nodes (scope ``network``).
+
+Vidur's ``a100`` SKU is the 80 GB part (``A100DeviceSKUConfig.total_memory_gb = 80``), its ``h100`` the
+80 GB SXM part; they map to our devices ``A100-SXM4-80GB`` and ``H100-SXM5-80GB``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.calibration.rows import Measurement
+from simulator.errors import CalibrationError
+
+__all__ = ["DEVICES", "import_vidur_compute", "import_vidur_network", "import_vidur_tree"]
+
+DEVICES = {
+    "a100": "A100-SXM4-80GB",
+    "h100": "H100-SXM5-80GB",
+    "a100_dgx": "A100-SXM4-80GB",
+    "h100_dgx": "H100-SXM5-80GB",
+}
+E = 2  # fp16 bytes per element
+_MS = 1e-3
+_SHAPE_COLUMNS = (
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "n_expanded_embd",
+    "use_gated_mlp",
+    "num_tokens",
+    "num_tensor_parallel_workers",
+)
+
+
+def _gemm_shape(op: str, row: pd.Series) -> tuple[int, int, int] | None:
+    """(m, k, n) of a GEMM operator of the profiled layer, per tensor-parallel rank."""
+    m = int(row["num_tokens"])
+    h = int(row["n_embd"])
+    a = int(row["n_head"])
+    kv = int(row["n_kv_head"])
+    f = int(row["n_expanded_embd"])
+    t = int(row["num_tensor_parallel_workers"])
+    d = h // a
+    gated = str(row["use_gated_mlp"]).lower() == "true"
+    if op == "attn_pre_proj":
+        return m, h, (a + 2 * kv) * d // t
+    if op == "attn_post_proj":
+        return m, a * d // t, h
+    if op == "mlp_up_proj":
+        return m, h, (2 if gated else 1) * f // t
+    if op == "mlp_down_proj":
+        return m, f // t, h
+    return None
+
+
+def _memory_bytes(op: str, row: pd.Series) -> float | None:
+    """HBM bytes read plus written by a memory-bound operator (fp16), per rank.
+
+    RMSNorm reads x and writes y; RoPE rewrites Q and K in place; SiLU-and-mul reads the gate and up halves
+    and writes their product (GELU: reads and writes one tensor); the residual add reads two tensors and
+    writes one; the vocab-parallel embedding gathers one row per token and writes it.
+    """
+    m = int(row["num_tokens"])
+    h = int(row["n_embd"])
+    a = int(row["n_head"])
+    kv = int(row["n_kv_head"])
+    f = int(row["n_expanded_embd"])
+    t = int(row["num_tensor_parallel_workers"])
+    d = h // a
+    gated = str(row["use_gated_mlp"]).lower() == "true"
+    if op in ("input_layernorm", "post_attention_layernorm"):
+        return float(2 * m * h * E)
+    if op == "attn_rope":
+        return float(2 * m * (a + kv) * d // t * E)
+    if op == "mlp_act":
+        return float((3 if gated else 2) * m * f // t * E)
+    if op == "add":
+        return float(3 * m * h * E)
+    if op == "emb":
+        return float(2 * m * h * E)
+    return None
+
+
+def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurement]:
+    """Rows from one ``mlp.csv`` (GEMMs and memory-bound operators)."""
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError) as err:
+        raise CalibrationError(f"{path}: cannot read as CSV ({err}); give a Vidur mlp.csv") from None
+    missing = [c for c in _SHAPE_COLUMNS if c not in df.columns]
+    if missing:
+        raise CalibrationError(f"{path}: missing column(s) {', '.join(missing)}; is this a Vidur mlp.csv?")
+    gpu = path.parent.parent.name
+    device = device or DEVICES.get(gpu, gpu)
+    ops = sorted({c.split(".")[1] for c in df.columns if c.startswith("time_stats.") and c.endswith(".median")})
+    source = f"microsoft/vidur data/profiling/compute/{gpu}/{path.parent.name}/mlp.csv"
+    rows: list[Measurement] = []
+    for _, row in df.iterrows():
+        for op in ops:
+            median = row[f"time_stats.{op}.median"]
+            if pd.isna(median) or median <= 0:
+                continue
+            common = {
+                "op": op,
+                "precision": "fp16",
+                "time_s": float(median) * _MS,
+                "time_s_min": float(row[f"time_stats.{op}.min"]) * _MS,
+                "time_s_std": float(row[f"time_stats.{op}.std"]) * _MS,
+                "device": device,
+                "source": source,
+                "note": f"tp={int(row['num_tensor_parallel_workers'])}",
+            }
+            shape = _gemm_shape(op, row)
+            if shape is not None:
+                m, k, n = shape
+                rows.append(
+                    Measurement(
+                        kind="gemm",
+                        m=m,
+                        n=n,
+                        k=k,
+                        flops=2.0 * m * n * k,
+                        bytes=float(E * (m * k + k * n + m * n)),
+                        **common,
+                    )
+                )
+                continue
+            size = _memory_bytes(op, row)
+            if size is not None:
+                rows.append(Measurement(kind="memory", m=int(row["num_tokens"]), bytes=size, **common))
+    return rows
+
+
+def import_vidur_network(path: Path, device: str | None = None) -> list[Measurement]:
+    """Rows from one ``all_reduce.csv`` or ``send_recv.csv``."""
+    try:
+        df = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError) as err:
+        raise CalibrationError(f"{path}: cannot read as CSV ({err}); give a Vidur network CSV") from None
+    for col in ("size", "num_workers", "devices_per_node", "collective"):
+        if col not in df.columns:
+            raise CalibrationError(f"{path}: missing column {col!r}; is this a Vidur all_reduce/send_recv CSV?")
+    node = path.parent.name
+    device = device or DEVICES.get(node, node)
+    source = f"microsoft/vidur data/profiling/network/{node}/{path.name}"
+    rows: list[Measurement] = []
+    for _, row in df.iterrows():
+        collective = str(row["collective"])
+        median = row[f"time_stats.{collective}.median"]
+        if pd.isna(median) or median <= 0:
+            continue
+        workers = int(row["num_workers"])
+        per_node = int(row["devices_per_node"])
+        rows.append(
+            Measurement(
+                kind="collective",
+                op=collective,
+                precision="fp16",
+                bytes=float(row["size"]),
+                ranks=workers,
+                scope="domain" if per_node >= workers else "network",
+                time_s=float(median) * _MS,
+                time_s_min=float(row[f"time_stats.{collective}.min"]) * _MS,
+                time_s_std=float(row[f"time_stats.{collective}.std"]) * _MS,
+                device=device,
+                source=source,
+                note=f"devices_per_node={per_node}",
+            )
+        )
+    return rows
+
+
+def import_vidur_tree(root: Path) -> list[Measurement]:
+    """Every ``compute/*/*/mlp.csv`` and ``network/*/*.csv`` under a Vidur ``profiling`` folder."""
+    rows: list[Measurement] = []
+    for path in sorted(root.glob("compute/*/*/mlp.csv")):
+        rows += import_vidur_compute(path)
+    for path in sorted(root.glob("network/*/*.csv")):
+        rows += import_vidur_network(path)
+    if not rows:
+        raise CalibrationError(f"{root}: no Vidur profiles found (expected compute/<gpu>/<model>/mlp.csv)")
+    return rows

@@ -1,0 +1,153 @@
+"""The tidy measurement row shared by every calibration source.
+
+One :class:`Measurement` is one timed kernel or collective with its shape, size, precision and provenance.
+Our profiler writes them, importers translate third-party profiles into them, and :mod:`.fit` turns them
+into efficiency tables. Conventions:
+
+* GEMM FLOPs are ``2·m·n·k·batch``.
+* Attention FLOPs follow FlashAttention's accounting (Dao 2023): forward ``4·batch·heads·s_q·s_kv·d``,
+  halved for a causal mask; the backward executes 2.5 times the forward.
+* ``bytes`` is HBM traffic (read plus written) for memory-bound kernels and the nccl-tests ``size`` (bytes
+  per rank) for collectives.
+* ``time_s`` is the median over repeats, in seconds.
+
+CSV files use a fixed column order and round-trip floats exactly (``repr``), so the same rows give the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from simulator.errors import CalibrationError
+
+__all__ = ["COLUMNS", "KINDS", "Measurement", "memory_class", "read_rows", "write_rows"]
+
+KINDS = ("gemm", "attention", "memory", "collective")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """One timed kernel or collective."""
+
+    kind: str
+    op: str
+    precision: str = "bf16"
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    flops: float = 0.0
+    bytes: float = 0.0
+    ranks: int = 0
+    scope: str = ""
+    time_s: float
+    time_s_min: float = math.nan
+    time_s_std: float = math.nan
+    repeats: int = 0
+    device: str = ""
+    source: str = ""
+    host: str = ""
+    torch_version: str = ""
+    cuda_version: str = ""
+    date: str = ""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise CalibrationError(f"measurement kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if not (self.time_s > 0 and math.isfinite(self.time_s)):
+            raise CalibrationError(f"measurement {self.op!r}: time_s must be a positive number, got {self.time_s}")
+
+
+COLUMNS = tuple(f.name for f in fields(Measurement))
+
+_MEMORY_CLASS_WORDS = (
+    ("norm", ("layernorm", "layer_norm", "rms_norm", "rmsnorm", "norm")),
+    ("rope", ("rope", "rotary")),
+    ("embedding", ("emb", "embedding")),
+    ("activation", ("act", "gelu", "silu", "relu", "swiglu")),
+    ("elementwise", ("add", "mul", "dropout", "copy", "adam")),
+)
+
+
+def memory_class(op: str) -> str:
+    """The memory-kernel class (``norm``, ``rope``, ``embedding``, ``activation``, ``elementwise`` or ``memory``).
+
+    >>> memory_class("post_attention_layernorm"), memory_class("aten::gelu"), memory_class("aten::_softmax")
+    ('norm', 'activation', 'memory')
+    """
+    low = op.lower()
+    for cls, words in _MEMORY_CLASS_WORDS:
+        if any(w in low for w in words):
+            return cls
+    return "memory"
+_INTS = {"m", "n", "k", "batch", "ranks", "repeats"}
+_FLOATS = {"flops", "bytes", "time_s", "time_s_min", "time_s_std"}
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else repr(value)
+    return str(value)
+
+
+def write_rows(rows: Iterable[Measurement], path: Path) -> int:
+    """Write rows as CSV (fixed columns, exact floats); returns how many were written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(COLUMNS)
+        for row in rows:
+            data = asdict(row)
+            writer.writerow([_fmt(data[c]) for c in COLUMNS])
+            count += 1
+    return count
+
+
+def _parse(path: Path, line: int, column: str, text: str) -> object:
+    try:
+        if column in _INTS:
+            return int(text) if text else 0
+        if column in _FLOATS:
+            return float(text) if text else math.nan
+    except ValueError:
+        raise CalibrationError(
+            f"{path}: line {line}: column {column!r}: {text!r} is not a number; fix or remove the row"
+        ) from None
+    return text
+
+
+def read_rows(paths: Sequence[Path]) -> list[Measurement]:
+    """Read measurement CSVs (or every ``*.csv`` inside a directory), in a stable order."""
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(p.rglob("*.csv"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise CalibrationError(f"{p}: no such file or directory; give measurement CSVs or folders of them")
+    if not files:
+        raise CalibrationError(f"no measurement CSVs found in {', '.join(map(str, paths))}; run profile or an importer")
+    out: list[Measurement] = []
+    for path in files:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in ("kind", "op", "time_s") if c not in (reader.fieldnames or [])]
+            if missing:
+                raise CalibrationError(
+                    f"{path}: missing column(s) {', '.join(missing)}; expected the columns {', '.join(COLUMNS)}"
+                )
+            for i, raw in enumerate(reader, start=2):
+                values = {c: _parse(path, i, c, raw.get(c) or "") for c in COLUMNS if c in raw}
+                try:
+                    out.append(Measurement(**values))  # type: ignore[arg-type]
+                except CalibrationError as err:
+                    raise CalibrationError(f"{path}: line {i}: {err}") from None
+    return out

@@ -240,8 +240,8 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
     elif plan.pp == 1 or plan.schedule in ("gpipe", "1f1b", "zb_h1"):
         vps = [1]
     else:
-        per_stage = model.layers // plan.pp if model.layers % plan.pp == 0 else 0
-        vps = [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0]
+        per_stage = -(-model.layers // plan.pp)
+        vps = [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0 and model.layers >= plan.pp * v]
     overlap = [plan.grad_overlap] if plan.grad_overlap is not None else [True]
     out = []
     for mb in mbs:

@@ -20,8 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from simulator.calibration.fit import default_table, fit_table, residual_report  # noqa: E402
 from simulator.calibration.importers.nccl_tests import import_vtrain_table  # noqa: E402
-from simulator.calibration.importers.vidur import import_vidur_compute, import_vidur_network  # noqa: E402
-from simulator.calibration.rows import Measurement  # noqa: E402
+from simulator.calibration.importers.vidur import DEVICES, import_vidur_compute, import_vidur_network  # noqa: E402
+from simulator.calibration.rows import Measurement, read_rows  # noqa: E402
 from simulator.specs.calibration import CalibrationTable  # noqa: E402
 from simulator.specs.library import load_cluster, load_device  # noqa: E402
 
@@ -44,6 +44,8 @@ def rows_for(gpu: str, node: str, vtrain: bool) -> list[Measurement]:
     if vtrain:
         for path in sorted((DATA / "vtrain").glob("a100_all_reduce_*gpu.txt")):
             rows += import_vtrain_table(path)
+    device = DEVICES[gpu]
+    rows += [r for r in read_rows([DATA / "published"]) if r.device == device]
     return rows
 
 
@@ -59,6 +61,7 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
             ("data", "data/calibration/ (copied from the public repositories below, MIT licence, LICENSE files kept)"),
             ("vidur", "microsoft/vidur data/profiling/ (fp16 kernels and NCCL, times in ms)"),
             ("vtrain", "VIA-Research/vTrain trace/a100/ (nccl-tests all-reduce, times in ns)" if vtrain else "not used"),
+            ("published", "data/calibration/published/ (attention kernel throughputs published as numbers)"),
             ("files", f"{len(files)} files, {len(rows)} rows"),
             ("builder", "analysis/calibration/build_tables.py"),
         )

@@ -23,6 +23,10 @@ __all__ = ["FALLBACK_EFFICIENCY", "ComputeModel"]
 # efficiency per class. Sources: the large-size plateaus of the measured A100/H100 tables that ship with
 # clustersim (hardware_profiles/calibration/), rounded down; the default table normally covers every class.
 FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.5}
+# Published attention kernel data are forward passes. The backward of FlashAttention-2 reaches up to 63% of
+# A100 peak where its forward reaches 73% (Dao 2023, arXiv:2307.08691, Sec. 4.1), so backward efficiency is
+# taken as forward efficiency times 63/73 wherever the table has no backward curve of its own.
+ATTENTION_BWD_RATIO = 63.0 / 73.0
 
 
 @dataclass
@@ -114,7 +118,10 @@ class ComputeModel:
             return 0.0
         peak = self.device.peak(precision)
         curve, calibrated = self._curve(op.kind, precision)
-        eff = self._efficiency(curve, calibrated, f"{op.kind}:{precision}", flops, peak)
+        if op.kind == "attention" and op.phase != "fwd":
+            eff = self._efficiency(curve, False, f"attention.bwd:{precision}", flops, peak) * ATTENTION_BWD_RATIO
+        else:
+            eff = self._efficiency(curve, calibrated, f"{op.kind}:{precision}", flops, peak)
         return max(flops / (peak * eff), op.bytes / hbm)
 
     def _efficiency(

@@ -106,9 +106,12 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     )
     _require(pp <= model.layers, f"'pp' must be at most 'layers': pp={pp}, layers={model.layers}")
     if vp > 1:
+        # Megatron-LM wants pp·vp to divide the layers; uneven first/last stages (as Llama 3 ran) are allowed
+        # as long as every virtual stage keeps at least one layer (parallel.stages takes the remainder from
+        # the ends).
         _require(
-            model.layers % (pp * vp) == 0,
-            f"'pp·vp' must divide 'layers' for interleaving: pp={pp}, vp={vp}, layers={model.layers}",
+            model.layers >= pp * vp,
+            f"'pp·vp' must not exceed 'layers': pp={pp}, vp={vp}, layers={model.layers}",
         )
     _require(seq_len % cp == 0, f"'cp' must divide 'seq_len': cp={cp}, seq_len={seq_len}")
     if cp > 1:

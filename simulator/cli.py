@@ -407,7 +407,7 @@ def _guess_kind(data: Any, path: Path) -> str:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_report, validate_file
 
-    report = validate_file(args.file, strict=args.strict)
+    report = validate_file(args.file, strict=args.strict, stacks_file=args.stacks, use_stacks=not args.no_stacks)
     text = format_report(report, args.format)
     print(text)
     if args.out is not None:
@@ -457,6 +457,8 @@ def _build_parser() -> _Parser:
     val.add_argument(
         "--strict", action="store_true", help="report rows that do not fit as stated as infeasible (no relaxation)"
     )
+    val.add_argument("--stacks", type=Path, help="software_stacks.yaml to apply (default: next to the CSV)")
+    val.add_argument("--no-stacks", action="store_true", help="ignore software stack annotations")
     val.set_defaults(func=_cmd_validate)
 
     from simulator.calibration.cli import add_calibrate_parser

@@ -15,6 +15,12 @@ documented order, :data:`RESCUE_STEPS` (distributed optimizer, then sequence par
 recomputation), takes the first that fits, and reports the row as *adjusted* with what changed. The
 summary counts adjusted rows; ``strict=True`` turns this off and reports such rows as infeasible.
 
+A validation folder may also hold ``software_stacks.yaml``: per source, facts about how the runs were
+executed that the CSV cannot carry (the attention kernel of pre-FlashAttention frameworks) or carries
+differently from what the framework did (NeMo's distributed optimizer), each with its evidence. The first
+entry whose ``match`` is a substring of a row's ``source`` is applied and named in the row's ``stack``.
+Stated columns are replaced only for knobs an entry lists under ``override``.
+
 The summary gives the median, mean, 90th percentile and maximum absolute relative error, the number of
 rows judged infeasible (a run that really ran and is predicted infeasible is a miss), breakdowns by
 cluster and by source, and the mean Spearman rank correlation of predicted vs measured step time inside
@@ -34,12 +40,15 @@ import pandas as pd
 
 from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.run import simulate
+from simulator.specs._fields import Fields
+from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import PlanSpec
 
 __all__ = [
+    "STACK_KNOBS",
     "REQUIRED_COLUMNS",
     "RESCUE_STEPS",
     "ValidationReport",
@@ -58,6 +67,68 @@ RESCUE_STEPS: tuple[dict[str, Any], ...] = (
     {"zero_stage": 3, "sequence_parallel": True, "recompute": "full"},
 )
 _RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
+STACK_KNOBS = ("attention", "tp_overlap", "zero_stage", "sequence_parallel")
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One entry of ``software_stacks.yaml``."""
+
+    match: str
+    name: str
+    knobs: dict[str, Any]
+    override: tuple[str, ...]
+    evidence: str
+
+
+def load_stacks(path: Path) -> tuple[Stack, ...]:
+    """Read a ``software_stacks.yaml`` (see module docstring)."""
+    data = load_yaml_file(path)
+    f = Fields(data, str(path))
+    raw = f.raw("stacks")
+    if not isinstance(raw, list):
+        raise f.error("stacks", "must be a list of entries", "write '- match: ...' entries")
+    out = []
+    for i, entry in enumerate(raw):
+        e = Fields(entry, str(path), f"stacks[{i}]")
+        knobs = e.sub("knobs")
+        values: dict[str, Any] = {}
+        for key in knobs.data:
+            if key not in STACK_KNOBS:
+                raise knobs.error(str(key), f"is not a stack knob; use one of {', '.join(STACK_KNOBS)}", "remove it")
+            values[key] = knobs.raw(key)
+        override = e.raw("override", [])
+        if not isinstance(override, list) or any(k not in values for k in override):
+            raise e.error("override", "must list knobs that the entry sets", "e.g. override: [zero_stage]")
+        out.append(
+            Stack(
+                match=e.text("match"),
+                name=e.text("name"),
+                knobs=values,
+                override=tuple(override),
+                evidence=e.text("evidence"),
+            )
+        )
+        e.done()
+    f.done()
+    return tuple(out)
+
+
+def default_stacks_file(csv_path: Path) -> Path | None:
+    """``software_stacks.yaml`` next to the CSV, else the one shipped in data/validation, else None."""
+    for candidate in (csv_path.parent / "software_stacks.yaml", _SHIPPED_STACKS):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+_SHIPPED_STACKS = Path(__file__).resolve().parents[1] / "data" / "validation" / "software_stacks.yaml"
+
+
+def _apply_stack(plan: PlanSpec, stack: Stack, stated: set[str]) -> PlanSpec:
+    changes = {k: v for k, v in stack.knobs.items() if k not in stated or k in stack.override}
+    return replace(plan, **changes) if changes else plan
+
 
 REQUIRED_COLUMNS = (
     "run_id",
@@ -247,7 +318,9 @@ def simulate_row(
     return result, {}
 
 
-def validate_frame(frame: pd.DataFrame, source: str, *, strict: bool = False) -> ValidationReport:
+def validate_frame(
+    frame: pd.DataFrame, source: str, *, strict: bool = False, stacks: tuple[Stack, ...] = ()
+) -> ValidationReport:
     """Predict every row of ``frame``; rows that cannot be simulated are reported with their reason."""
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
@@ -270,6 +343,12 @@ def validate_frame(frame: pd.DataFrame, source: str, *, strict: bool = False) ->
             model = row_model(row, where)
             cluster = row_cluster(row, where, clusters)
             plan = row_plan(row, where)
+            row_source = str(_cell(row, "source") or "")
+            stack = next((st for st in stacks if st.match in row_source), None)
+            if stack is not None:
+                stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}
+                plan = _apply_stack(plan, stack, stated)
+                entry["stack"] = stack.name
             result, adjusted = simulate_row(model, cluster, plan, strict=strict)
             predicted = result.step_time_s if result.feasible else math.nan
             entry.update(
@@ -296,7 +375,9 @@ def validate_frame(frame: pd.DataFrame, source: str, *, strict: bool = False) ->
     return report
 
 
-def validate_file(path: Path, *, strict: bool = False) -> ValidationReport:
+def validate_file(
+    path: Path, *, strict: bool = False, stacks_file: Path | None = None, use_stacks: bool = True
+) -> ValidationReport:
     """Read a validation CSV and predict every row."""
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
@@ -307,7 +388,12 @@ def validate_file(path: Path, *, strict: bool = False) -> ValidationReport:
     except pd.errors.EmptyDataError:
         raise SpecError(str(path), "is empty", "give a CSV with a header row") from None
     frame = frame.replace("", np.nan)
-    return validate_frame(frame, str(path), strict=strict)
+    stacks: tuple[Stack, ...] = ()
+    if use_stacks:
+        chosen = stacks_file or default_stacks_file(path)
+        if chosen is not None:
+            stacks = load_stacks(chosen)
+    return validate_frame(frame, str(path), strict=strict, stacks=stacks)
 
 
 def _stats(errors: list[float]) -> dict[str, Any]:
@@ -380,6 +466,8 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         pred = r["predicted_step_time_s"]
         err = r["error"]
         note = r["reason"] if not r["feasible"] else ", ".join(f"{k}={v}" for k, v in r["chosen"].items())
+        if r.get("stack"):
+            note += f" | stack: {r['stack']}"
         if r.get("adjusted"):
             note += " | adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items())
         lines.append(

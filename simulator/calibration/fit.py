@@ -195,6 +195,7 @@ def residual_report(
     Returns, per curve (``gemm:fp16``, ``memory``, ``all_reduce:8``...), the held-out count and the median
     and 90th-percentile absolute relative error of predicted vs measured time.
     """
+
     def held_out(r: Measurement) -> bool:
         # A stable hash of the shape, so the split is deterministic and not aligned with file order.
         key = f"{r.kind}|{r.op}|{r.m}|{r.n}|{r.k}|{r.batch}|{r.bytes}|{r.ranks}|{r.source}"

@@ -86,6 +86,8 @@ def memory_class(op: str) -> str:
         if any(w in low for w in words):
             return cls
     return "memory"
+
+
 _INTS = {"m", "n", "k", "batch", "ranks", "repeats"}
 _FLOATS = {"flops", "bytes", "time_s", "time_s_min", "time_s_std"}
 

@@ -79,7 +79,9 @@ class ComputeModel:
             return "embedding"
         if name.endswith((".act", ".act.bwd")):
             return "activation"
-        if name.endswith(("dropout_add", "dropout_add.bwd", "dropout", "dropout.bwd")) or name.startswith("optimizer"):
+        if name.endswith(("dropout_add", "dropout_add.bwd", "dropout", "dropout.bwd", ".fp8_cast")) or name.startswith(
+            "optimizer"
+        ):
             return "elementwise"
         return "memory"
 

@@ -36,7 +36,16 @@ from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Group, Layout
 from simulator.parallel.stages import Chunk
 
-__all__ = ["Comm", "Program", "Step", "build_programs", "chunk_params", "grad_bytes_per_param", "shard_op"]
+__all__ = [
+    "Comm",
+    "Program",
+    "Step",
+    "build_programs",
+    "chunk_params",
+    "fp8_gemm",
+    "grad_bytes_per_param",
+    "shard_op",
+]
 
 ACT_BYTES = 2  # 16-bit activations and activation gradients on the wire
 
@@ -89,8 +98,11 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     # it); a row-parallel GEMM, the attention core and TP-split memory ops keep TP-split tensors.
     act_split = op.tp_axis not in ("", "n", "vocab") or (layout.sequence_parallel and tp > 1)
     act_div = cp * (tp if act_split else 1)
+    act = op.act_bytes / act_div
+    if op.kind == "gemm" and fp8_gemm(op, layout):
+        act /= 2  # Transformer Engine keeps the FP8 copy of a GEMM input for the backward pass (1 byte)
     changes: dict[str, object] = {
-        "act_bytes": op.act_bytes / act_div,
+        "act_bytes": act,
         "params": op.params // tp_div if op.tp_axis else op.params,
     }
     if op.kind == "memory":
@@ -321,10 +333,46 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
                     b.comm(c)
 
 
+def fp8_gemm(op: Op, layout: Layout) -> bool:
+    """Whether ``op`` is a GEMM that runs in FP8 (Transformer Engine linear layers; not the output layer,
+    the router or the unfused attention's batched GEMMs)."""
+    return (
+        layout.plan.precision == "fp8"
+        and op.kind == "gemm"
+        and not op.name.startswith(("head.", "moe.router", "attn.scores", "attn.context"))
+    )
+
+
+def _fp8_cast(op: Op) -> Op | None:
+    """The quantisation kernel Transformer Engine runs before an FP8 GEMM.
+
+    TE casts the 16-bit GEMM input (forward: the activation, m×k; activation gradient: the incoming
+    gradient, m×k of the dgrad GEMM) to FP8 and also writes its transpose for the other backward GEMM
+    (``cast_transpose``): read 2 bytes, write 1 + 1 bytes per element. Weight-gradient GEMMs reuse those
+    casts and weights are cast once per step (TE's FP8 weight cache), so neither adds a cast here.
+    Source: NVIDIA Transformer Engine documentation, "Using FP8 with Transformer Engine" and the
+    ``cast_transpose`` kernels of ``transformer_engine.pytorch.cpp_extensions``.
+    """
+    if op.phase == "bwd_weight":
+        return None
+    elements = float(op.batch * op.m * op.k)
+    return Op(
+        name=f"{op.name}.fp8_cast",
+        kind="memory",
+        phase=op.phase,
+        read_bytes=2.0 * elements,
+        write_bytes=2.0 * elements,
+    )
+
+
 def _emit_compute(b: _Builder, op: Op, layout: Layout, graph: ModelGraph) -> None:
     """One compute op; the attention core is split into cp ring steps when cp > 1."""
     cp = layout.cp.size
     if op.kind != "attention" or cp == 1:
+        if fp8_gemm(op, layout):
+            cast = _fp8_cast(op)
+            if cast is not None:
+                b.compute(cast)
         b.compute(op)
         return
     piece = op.with_(seq_q=max(1, op.seq_q // cp))  # each ring step: local queries × one KV block

@@ -150,6 +150,16 @@ def _models(cluster: ClusterSpec, precision: str, straggler: float) -> tuple[Com
     return compute, comm
 
 
+LAUNCH_OVERHEAD_S = 0.0
+
+
+def _launch_overhead(cluster: ClusterSpec) -> float:
+    table = cluster.calibration
+    if table is not None and table.launch_overhead_s is not None:
+        return table.launch_overhead_s
+    return LAUNCH_OVERHEAD_S
+
+
 def _overlap_slowdown(cluster: ClusterSpec) -> float:
     table = cluster.calibration
     if table is not None and table.overlap_slowdown is not None:
@@ -338,6 +348,7 @@ def _pipeline_input(
     stages: list[StageInput] = []
     hw_flops = 0.0
     bucket_params = max(BUCKET_PARAMS_MIN, BUCKET_PARAMS_PER_DP * layout.dp.size)
+    host = _launch_overhead(cluster)
     folds: dict[tuple[tuple[str, int], ...], tuple[FoldResult, FoldResult, FoldResult, float]] = {}
     for s, stage_chunks in enumerate(chunks):
         fwd: list[FoldResult] = []
@@ -350,9 +361,9 @@ def _pipeline_input(
             if cached is None:
                 f_prog, b_prog, w_prog = build_programs(graph, layout, chunk.blocks)
                 cached = (
-                    fold(_timed(f_prog, compute, comm), slowdown, timeline=record),
-                    fold(_timed(b_prog, compute, comm), slowdown, timeline=record),
-                    fold(_timed(w_prog, compute, comm), slowdown, timeline=record),
+                    fold(_timed(f_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
+                    fold(_timed(b_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
+                    fold(_timed(w_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
                     _program_flops(f_prog) + _program_flops(b_prog) + _program_flops(w_prog),
                 )
                 folds[chunk.blocks] = cached

@@ -40,26 +40,58 @@ def main() -> None:
     print(f"python {platform.python_version()} on {platform.machine()} ({platform.processor() or 'cpu'})")
     gpt3 = load_model("gpt3-175b")
     a100 = load_cluster("dgx-a100-80g")
-    plan = PlanSpec(tp=8, pp=8, dp=16, global_batch=1536, micro_batch=1, recompute="selective",
-                    sequence_parallel=True, grad_overlap=True, vp=1)
+    plan = PlanSpec(
+        tp=8,
+        pp=8,
+        dp=16,
+        global_batch=1536,
+        micro_batch=1,
+        recompute="selective",
+        sequence_parallel=True,
+        grad_overlap=True,
+        vp=1,
+    )
     cold, warm = _time(lambda: simulate(gpt3, a100, plan), args.repeats)
     r = simulate(gpt3, a100, plan)
-    print(f"gpt3-175b 1024xA100 tp8 pp8 dp16 gb1536 mb1: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
-          f"step {r.step_time_s:.2f} s  [target <= 50 ms]")
+    print(
+        f"gpt3-175b 1024xA100 tp8 pp8 dp16 gb1536 mb1: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
+        f"step {r.step_time_s:.2f} s  [target <= 50 ms]"
+    )
 
     llama = load_model("llama3-405b")
     h100 = load_cluster("dgx-h100")
-    plan = PlanSpec(tp=8, pp=16, dp=128, global_batch=2048, micro_batch=1, recompute="full",
-                    sequence_parallel=True, grad_overlap=True, vp=1, zero_stage=1)
+    plan = PlanSpec(
+        tp=8,
+        pp=16,
+        dp=128,
+        global_batch=2048,
+        micro_batch=1,
+        recompute="full",
+        sequence_parallel=True,
+        grad_overlap=True,
+        vp=1,
+        zero_stage=1,
+    )
     cold, warm = _time(lambda: simulate(llama, h100, plan), args.repeats)
     r = simulate(llama, h100, plan)
-    print(f"llama3-405b 16384xH100 tp8 pp16 dp128 gb2048: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
-          f"step {r.step_time_s:.2f} s  [target <= 200 ms]")
+    print(
+        f"llama3-405b 16384xH100 tp8 pp16 dp128 gb2048: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
+        f"step {r.step_time_s:.2f} s  [target <= 200 ms]"
+    )
 
     times = []
     for dp in (16, 64, 256, 1024):
-        plan = PlanSpec(tp=8, pp=8, dp=dp, global_batch=96 * dp, micro_batch=1, recompute="selective",
-                        sequence_parallel=True, grad_overlap=True, vp=1)
+        plan = PlanSpec(
+            tp=8,
+            pp=8,
+            dp=dp,
+            global_batch=96 * dp,
+            micro_batch=1,
+            recompute="selective",
+            sequence_parallel=True,
+            grad_overlap=True,
+            vp=1,
+        )
         _, warm = _time(lambda plan=plan: simulate(gpt3, a100, plan), args.repeats)
         times.append(warm)
         print(f"  gpt3-175b dp={dp:<5} ({64 * dp} GPUs, 96 micro-batches per replica): median {warm * 1e3:.1f} ms")

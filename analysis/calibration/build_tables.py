@@ -60,7 +60,10 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
         provenance = (
             ("data", "data/calibration/ (copied from the public repositories below, MIT licence, LICENSE files kept)"),
             ("vidur", "microsoft/vidur data/profiling/ (fp16 kernels and NCCL, times in ms)"),
-            ("vtrain", "VIA-Research/vTrain trace/a100/ (nccl-tests all-reduce, times in ns)" if vtrain else "not used"),
+            (
+                "vtrain",
+                "VIA-Research/vTrain trace/a100/ (nccl-tests all-reduce, times in ns)" if vtrain else "not used",
+            ),
             ("published", "data/calibration/published/ (attention kernel throughputs published as numbers)"),
             ("files", f"{len(files)} files, {len(rows)} rows"),
             ("builder", "analysis/calibration/build_tables.py"),

@@ -44,7 +44,7 @@ from simulator.specs.calibration import (
 from simulator.specs.hardware import DeviceSpec
 from simulator.units import GB
 
-__all__ = ["default_table", "fit_table", "residual_report"]
+__all__ = ["default_table", "fit_table", "monotone_time", "predict_time", "residual_report"]
 
 MIN_BIN_ROWS = 3
 
@@ -84,6 +84,21 @@ def _binned(
     return tuple(xs), tuple(ys)
 
 
+def monotone_time(xs: Sequence[float], ys: Sequence[float], base: float) -> tuple[float, ...]:
+    """Cap each efficiency so that a bigger problem never takes less time.
+
+    Time is ``base**x / y``; with ``y`` interpolated linearly in ``x`` it is non-decreasing when every step
+    satisfies ``y[i+1] <= y[i] * (1 + ln(base) * (x[i+1] - x[i]))`` (then ``y'/y <= ln(base)`` everywhere).
+    Measured medians can violate this by noise; the cap removes the violation without touching the rest.
+    """
+    out: list[float] = []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if i and y > out[-1] * (1.0 + math.log(base) * (x - xs[i - 1])):
+            y = out[-1] * (1.0 + math.log(base) * (x - xs[i - 1]))
+        out.append(y)
+    return tuple(out)
+
+
 def fit_table(
     rows: Sequence[Measurement],
     device: DeviceSpec,
@@ -118,6 +133,7 @@ def fit_table(
     curves: list[EfficiencyCurve] = []
     for (kind, precision), points in sorted(compute.items()):
         xs, ys = _binned(points, bins_per_decade, math.log10)
+        ys = monotone_time(xs, tuple(min(max(y, 1e-4), 1.0) for y in ys), 10.0)
         if xs:
             curves.append(
                 EfficiencyCurve(
@@ -132,6 +148,7 @@ def fit_table(
     bands: list[BandwidthCurve] = []
     for (op, scope, ranks), points in sorted(colls.items()):
         xs, ys = _binned(points, 2, math.log2)
+        ys = monotone_time(xs, ys, 2.0)
         if xs:
             bands.append(
                 BandwidthCurve(
@@ -255,7 +272,9 @@ def default_table(
         lo = min(xs[0] for xs, _ in shifted)
         hi = max(xs[-1] for xs, _ in shifted)
         grid = [lo + i * step for i in range(int((hi - lo) / step) + 1)] + [hi]
-        ys = [statistics.median(interp(xs, vals, g) for xs, vals in shifted) for g in grid]
+        ys = list(
+            monotone_time(grid, [statistics.median(interp(xs, vals, g) for xs, vals in shifted) for g in grid], 10.0)
+        )
         xs_out: list[float] = []
         ys_out: list[float] = []
         for g, y in zip(grid, ys, strict=True):
@@ -283,9 +302,11 @@ def default_table(
         lo = min(c.log2_bytes[0] for c, _ in items)
         hi = max(c.log2_bytes[-1] for c, _ in items)
         grid = [lo + i * 0.5 for i in range(int((hi - lo) / 0.5) + 1)]
-        fractions = [
-            statistics.median(interp(c.log2_bytes, c.busbw_bytes_per_s, g) / bw for c, bw in items) for g in grid
-        ]
+        fractions = monotone_time(
+            grid,
+            [statistics.median(interp(c.log2_bytes, c.busbw_bytes_per_s, g) / bw for c, bw in items) for g in grid],
+            2.0,
+        )
         bands.append(
             BandwidthCurve(
                 collective=collective,

@@ -95,7 +95,8 @@ class ComputeModel:
     def time(self, op: Op) -> float:
         """Seconds for ``op`` (cached per shape)."""
         precision = self.op_precision(op)
-        key = (precision, *op.shape_key())
+        cls = self.memory_class(op) if op.kind == "memory" else op.kind
+        key = (precision, cls, *op.shape_key())
         cached = self._cache.get(key)
         if cached is not None:
             return cached

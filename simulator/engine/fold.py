@@ -7,6 +7,11 @@ list computes every start and end time exactly: this is the discrete-event evalu
 without an event queue, and it is what lets the pipeline-level simulation treat a whole chunk's forward or
 backward as one event (repeated layers folded, Design: What is simulated).
 
+With ``host_overhead_s`` the host issues every step in program order, spending that long per launch
+(framework dispatch and kernel launch); a step cannot start before it has been issued, and compute time
+lost waiting for the host is reported as exposed ``host`` time. Because launches are asynchronous, the
+host only limits the GPU when kernels are shorter than their launch cost.
+
 Compute steps marked ``overlapped`` run while a collective is in flight on the same GPU and are slowed by
 the overlap slowdown factor (communication kernels take SMs and memory bandwidth; Design: Physics).
 """
@@ -52,7 +57,9 @@ class FoldResult:
         return dict(self.exposed).get(kind, 0.0)
 
 
-def fold(steps: Sequence[TimedStep], overlap_slowdown: float = 0.0, *, timeline: bool = False) -> FoldResult:
+def fold(
+    steps: Sequence[TimedStep], overlap_slowdown: float = 0.0, *, host_overhead_s: float = 0.0, timeline: bool = False
+) -> FoldResult:
     """Evaluate a program.
 
     Examples
@@ -70,9 +77,17 @@ def fold(steps: Sequence[TimedStep], overlap_slowdown: float = 0.0, *, timeline:
     exposed: dict[str, float] = {}
     comm: dict[str, float] = {}
     rows: list[tuple[str, str, str, float, float]] = []
+    host_free = 0.0
     for i, step in enumerate(steps):
         ready = free.get(step.stream, 0.0)
         binding_kind = ""
+        if host_overhead_s > 0:
+            # The host issues every kernel in program order and runs ahead of the GPU (asynchronous launch);
+            # a kernel cannot start before its launch has been issued.
+            host_free += host_overhead_s
+            if host_free > ready:
+                ready = host_free
+                binding_kind = "host"
         binding_end = ready
         for w in step.waits:
             if ends[w] > binding_end:

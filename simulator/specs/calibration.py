@@ -165,6 +165,7 @@ class CalibrationTable:
     compute: tuple[EfficiencyCurve, ...] = ()
     collectives: tuple[BandwidthCurve, ...] = ()
     overlap_slowdown: float | None = None
+    launch_overhead_s: float | None = None
     provenance: tuple[tuple[str, str], ...] = ()
     source: str = ""
 
@@ -216,6 +217,7 @@ class CalibrationTable:
             compute=compute,
             collectives=colls,
             overlap_slowdown=f.number("overlap_slowdown", None, minimum=0.0, maximum=1.0),
+            launch_overhead_s=_us(f.number("launch_overhead_us", None, minimum=0.0)),
             provenance=provenance,
             source=f.text("source", ""),
         )
@@ -233,6 +235,8 @@ class CalibrationTable:
             out["provenance"] = dict(self.provenance)
         if self.overlap_slowdown is not None:
             out["overlap_slowdown"] = round(self.overlap_slowdown, 4)
+        if self.launch_overhead_s is not None:
+            out["launch_overhead_us"] = round(self.launch_overhead_s * 1e6, 3)
         out["compute"] = [
             {
                 "op": c.op,
@@ -247,6 +251,10 @@ class CalibrationTable:
         ]
         out["collectives"] = [_curve_mapping(b) for b in self.collectives]
         return out
+
+
+def _us(value: float | None) -> float | None:
+    return None if value is None else value * 1e-6
 
 
 def _curve_mapping(b: BandwidthCurve) -> dict[str, Any]:

@@ -225,8 +225,9 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
             c = load_cluster(name)
             cal = c.calibration.name if c.calibration else "default curves"
             print(
-                f"  {name:<20} {c.gpus_per_node}x {c.device.name:<18} NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} "
-                f"GB/s  {c.nics_per_node}x{c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s  ({cal})"
+                f"  {name:<20} {c.gpus_per_node}x {c.device.name:<18} "
+                f"NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s  "
+                f"{c.nics_per_node}x{c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s  ({cal})"
             )
         return EXIT_OK
     if not args.name:
@@ -234,11 +235,10 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     names = {n.lower() for n, _ in list_names("cluster")}
     if args.name.lower() in names or args.name.endswith((".yaml", ".yml")):
         try:
-            c = load_cluster(args.name)
+            print(_cluster_text(load_cluster(args.name)))
         except SpecError:
-            c = None
-        if c is not None:
-            print(_cluster_text(c))
+            pass  # not a readable cluster: try it as a device below
+        else:
             return EXIT_OK
     d = load_device(args.name)
     print(_device_text(d))
@@ -311,7 +311,8 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     else:
         print(f"{model.name}: seq_len {seq}, micro-batch {args.micro_batch}, attention {args.attention}")
         print(
-            f"{'block':<12}{'x':>4}  {'op':<28}{'kind':<10}{'phase':<11}{'GFLOP':>10}{'MB moved':>11}{'params M':>10}{'act MB':>9}"
+            f"{'block':<12}{'x':>4}  {'op':<28}{'kind':<10}{'phase':<11}"
+            f"{'GFLOP':>10}{'MB moved':>11}{'params M':>10}{'act MB':>9}"
         )
         for r in rows:
             print(

@@ -48,9 +48,9 @@ from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import PlanSpec
 
 __all__ = [
-    "STACK_KNOBS",
     "REQUIRED_COLUMNS",
     "RESCUE_STEPS",
+    "STACK_KNOBS",
     "ValidationReport",
     "format_report",
     "validate_file",
@@ -460,7 +460,8 @@ def format_report(report: ValidationReport, fmt: str) -> str:
     if fmt == "csv":
         return str(report.rows_frame().to_csv(index=False, float_format="%.6g")).rstrip("\n")
     lines = [
-        f"{'run_id':<18}{'model':<28}{'cluster':<14}{'GPUs':>6}{'measured':>11}{'predicted':>11}{'error':>9}  chosen / reason"
+        f"{'run_id':<18}{'model':<28}{'cluster':<14}{'GPUs':>6}"
+        f"{'measured':>11}{'predicted':>11}{'error':>9}  chosen / reason"
     ]
     for r in report.rows:
         pred = r["predicted_step_time_s"]

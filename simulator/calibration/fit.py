@@ -35,7 +35,6 @@ from simulator.cost.communication import bus_factor
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import (
     COMPUTE_OPS,
-    MEMORY_CLASSES,
     BandwidthCurve,
     CalibrationTable,
     EfficiencyCurve,
@@ -93,9 +92,8 @@ def monotone_time(xs: Sequence[float], ys: Sequence[float], base: float) -> tupl
     """
     out: list[float] = []
     for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        if i and y > out[-1] * (1.0 + math.log(base) * (x - xs[i - 1])):
-            y = out[-1] * (1.0 + math.log(base) * (x - xs[i - 1]))
-        out.append(y)
+        cap = out[-1] * (1.0 + math.log(base) * (x - xs[i - 1])) if i else y
+        out.append(min(y, cap))
     return tuple(out)
 
 
@@ -123,13 +121,12 @@ def fit_table(
                 continue
             busbw = row.bytes / row.time_s * (bus_factor(row.op, row.ranks) or 1.0)
             colls[(row.op, row.scope, row.ranks)].append((row.bytes, busbw))
+        elif row.kind == "memory":
+            point = _efficiency(row, device)
+            compute[(memory_class(row.op), "any")].append(point)
+            compute[("memory", "any")].append(point)
         else:
-            if row.kind == "memory":
-                point = _efficiency(row, device)
-                compute[(memory_class(row.op), "any")].append(point)
-                compute[("memory", "any")].append(point)
-            else:
-                compute[(row.kind, row.precision)].append(_efficiency(row, device))
+            compute[(row.kind, row.precision)].append(_efficiency(row, device))
     curves: list[EfficiencyCurve] = []
     for (kind, precision), points in sorted(compute.items()):
         xs, ys = _binned(points, bins_per_decade, math.log10)
@@ -295,9 +292,9 @@ def default_table(
     bands: list[BandwidthCurve] = []
     groups: dict[tuple[str, int], list[tuple[BandwidthCurve, float]]] = defaultdict(list)
     for table, _, nvlink in measured:
-        for curve in table.collectives:
-            if curve.scope == "domain":
-                groups[(curve.collective, curve.ranks)].append((curve, nvlink))
+        for band in table.collectives:
+            if band.scope == "domain":
+                groups[(band.collective, band.ranks)].append((band, nvlink))
     for (collective, ranks), items in sorted(groups.items()):
         lo = min(c.log2_bytes[0] for c, _ in items)
         hi = max(c.log2_bytes[-1] for c, _ in items)

@@ -125,12 +125,9 @@ class CommModel:
         busbw = self._network_busbw(k)
         if k > 1:
             busbw = min(busbw, self._domain_busbw(collective, k, size))
-        if collective == "all_reduce":
-            # NCCL picks a tree for all-reduce when rings get long, so latency grows with log2(n) there
-            # (NCCL 2.4 double binary trees; Sanders et al. 2009).
-            steps = min(2 * (n - 1), 4 * math.ceil(math.log2(n)))
-        else:
-            # All-gather and reduce-scatter run as rings only (NCCL before 2.23 has no tree or PAT for
-            # them): n-1 steps, each paced by the slowest (inter-node) hop.
-            steps = n - 1
+        # NCCL picks a tree for all-reduce when rings get long, so latency grows with log2(n) there
+        # (NCCL 2.4 double binary trees; Sanders et al. 2009). All-gather and reduce-scatter run as rings
+        # only (NCCL before 2.23 has no tree or PAT for them): n-1 steps, each paced by the slowest hop.
+        ring_steps = n - 1
+        steps = min(2 * ring_steps, 4 * math.ceil(math.log2(n))) if collective == "all_reduce" else ring_steps
         return bus_factor(collective, n) * size / busbw + steps * lat

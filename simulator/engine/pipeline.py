@@ -89,6 +89,8 @@ class StageTimes:
         out: dict[str, float] = {"compute_s": self.compute_s}
         for kind in ("tp", "cp", "ep"):
             out[f"{kind}_exposed_s"] = dict(self.exposed_s).get(kind, 0.0)
+        # Time the GPU waited for the host to issue kernels (framework and launch overhead).
+        out["host_exposed_s"] = dict(self.exposed_s).get("host", 0.0)
         out["pp_exposed_s"] = self.pp_s
         out["dp_exposed_s"] = self.dp_s + dict(self.exposed_s).get("dp", 0.0)
         out["bubble_s"] = self.bubble_s

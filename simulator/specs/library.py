@@ -32,7 +32,6 @@ from simulator.specs.plan import PlanSpec
 __all__ = [
     "KINDS",
     "apply_overrides",
-    "parse_overrides",
     "data_roots",
     "find_file",
     "list_names",
@@ -42,6 +41,7 @@ __all__ = [
     "load_model",
     "load_plan",
     "load_spec_file",
+    "parse_overrides",
 ]
 
 KINDS: dict[str, str] = {

@@ -19,14 +19,34 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
     return code, captured.out, captured.err
 
 
-SIM = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "64", "--tp", "8", "--pp", "8",
-       "--global-batch", "32", "--micro-batch", "1", "--recompute", "selective", "--vp", "1"]
+SIM = [
+    "simulate",
+    "--model",
+    "gpt3-175b",
+    "--cluster",
+    "dgx-a100-80g",
+    "--gpus",
+    "64",
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--global-batch",
+    "32",
+    "--micro-batch",
+    "1",
+    "--recompute",
+    "selective",
+    "--vp",
+    "1",
+]
 
 
 def test_simulate_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(SIM, capsys)
     assert code == 0, err
-    assert "step time" in out and "MFU" in out
+    assert "step time" in out
+    assert "MFU" in out
     assert "time breakdown (critical stage" in out
     assert "memory per stage (GiB)" in out
     assert out.count("  stage ") == 8
@@ -36,20 +56,52 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     code, out, _ = run([*SIM, "--format", "json"], capsys)
     assert code == 0
     data = json.loads(out)
-    for key in ("step_time_s", "tokens_per_s", "mfu", "hfu", "feasible", "reason", "memory", "breakdown", "chosen",
-                "uncalibrated_ops"):
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "hfu",
+        "feasible",
+        "reason",
+        "memory",
+        "breakdown",
+        "chosen",
+        "uncalibrated_ops",
+    ):
         assert key in data
     assert data["feasible"] is True
     assert len(data["memory"]) == 8
-    assert set(data["memory"][0]) >= {"weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes",
-                                      "buffers_bytes", "total_bytes", "capacity_bytes"}
+    assert set(data["memory"][0]) >= {
+        "weights_bytes",
+        "gradients_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "buffers_bytes",
+        "total_bytes",
+        "capacity_bytes",
+    }
     for key in ("compute_s", "tp_exposed_s", "pp_exposed_s", "dp_exposed_s", "bubble_s", "optimizer_s"):
         assert key in data["breakdown"]
 
 
 def test_free_knobs_are_chosen_and_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "64", "--tp", "8", "--pp",
-            "8", "--global-batch", "32", "--format", "json"]
+    argv = [
+        "simulate",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--global-batch",
+        "32",
+        "--format",
+        "json",
+    ]
     code, out, _ = run(argv, capsys)
     data = json.loads(out)
     assert code == 0
@@ -57,17 +109,51 @@ def test_free_knobs_are_chosen_and_reported(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_what_if_faster_network(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "512", "--tp", "8", "--pp",
-            "8", "--global-batch", "256", "--micro-batch", "1", "--recompute", "selective", "--vp", "1",
-            "--no-grad-overlap", "--format", "json"]
+    argv = [
+        "simulate",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "512",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--global-batch",
+        "256",
+        "--micro-batch",
+        "1",
+        "--recompute",
+        "selective",
+        "--vp",
+        "1",
+        "--no-grad-overlap",
+        "--format",
+        "json",
+    ]
     _, base, _ = run(argv, capsys)
     _, fast, _ = run([*argv, "--set", "cluster.nic_bandwidth_gbit_per_s=400"], capsys)
     assert json.loads(fast)["step_time_s"] < json.loads(base)["step_time_s"]
 
 
 def test_infeasible_memory_is_an_answer_with_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--global-batch", "8",
-            "--micro-batch", "1", "--recompute", "full"]
+    argv = [
+        "simulate",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "1",
+        "--recompute",
+        "full",
+    ]
     code, out, _ = run(argv, capsys)
     assert code == 3
     assert "infeasible: out of memory: stage 0 needs" in out
@@ -92,30 +178,40 @@ def test_trace_is_chrome_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_models_and_hardware_listings(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["models", "list"], capsys)
-    assert code == 0 and "gpt3-175b" in out and "mixtral-8x7b" in out
+    assert code == 0
+    assert "gpt3-175b" in out
+    assert "mixtral-8x7b" in out
     code, out, _ = run(["models", "show", "mixtral-8x7b"], capsys)
-    assert code == 0 and "active" in out
+    assert code == 0
+    assert "active" in out
     code, out, _ = run(["hardware", "list"], capsys)
-    assert code == 0 and "dgx-h100" in out and "H100-SXM5-80GB" in out
+    assert code == 0
+    assert "dgx-h100" in out
+    assert "H100-SXM5-80GB" in out
     code, out, _ = run(["hardware", "show", "dgx-h100"], capsys)
-    assert code == 0 and "NVLS yes" in out
+    assert code == 0
+    assert "NVLS yes" in out
     code, out, _ = run(["hardware", "show", "H100-SXM5-80GB"], capsys)
-    assert code == 0 and "989.4 TFLOP/s" in out
+    assert code == 0
+    assert "989.4 TFLOP/s" in out
 
 
 @pytest.mark.parametrize("fmt", ["table", "json", "dot"])
 def test_graph_formats(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["graph", "--model", "llama3-405b", "--seq-len", "4096", "--micro-batch", "2", "--format", fmt],
-                       capsys)
+    code, out, _ = run(
+        ["graph", "--model", "llama3-405b", "--seq-len", "4096", "--micro-batch", "2", "--format", fmt], capsys
+    )
     assert code == 0
     if fmt == "json":
         data = json.loads(out)
         assert data["totals"]["parameters"] == pytest.approx(405.85e9, rel=1e-3)
         assert {op["phase"] for op in data["ops"]} >= {"fwd", "bwd_input", "bwd_weight", "bwd", "opt"}
     elif fmt == "dot":
-        assert out.startswith("digraph") and "->" in out
+        assert out.startswith("digraph")
+        assert "->" in out
     else:
-        assert "layer.dense" in out and "attn.qkv" in out
+        assert "layer.dense" in out
+        assert "attn.qkv" in out
 
 
 def test_every_shipped_yaml_checks(capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,12 +231,20 @@ def test_library_root_is_the_repository() -> None:
 def test_validate_on_a_tiny_csv(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = (ROOT / "data" / "validation" / "published_runs.csv").read_text().splitlines()
     (tmp_path / "few.csv").write_text("\n".join([src[0], *src[11:14]]) + "\n")
-    code, out, _ = run(["validate", str(tmp_path / "few.csv"), "--format", "json", "--out", str(tmp_path / "o.csv")],
-                       capsys)
+    code, out, _ = run(
+        ["validate", str(tmp_path / "few.csv"), "--format", "json", "--out", str(tmp_path / "o.csv")], capsys
+    )
     assert code == 0
     data = json.loads(out)
     assert data["summary"]["rows"] == 3
     for row in data["rows"]:
-        assert set(row) >= {"run_id", "predicted_step_time_s", "measured_step_time_s", "error", "feasible", "reason",
-                            "chosen"}
+        assert set(row) >= {
+            "run_id",
+            "predicted_step_time_s",
+            "measured_step_time_s",
+            "error",
+            "feasible",
+            "reason",
+            "chosen",
+        }
     assert (tmp_path / "o.csv").read_text().startswith("run_id,")

@@ -84,7 +84,9 @@ def test_more_hardware_never_slows_a_step(d: dict, what: str, factor: float) -> 
     faster = {
         "nvlink": replace(CLUSTER, nvlink_bandwidth_bytes_per_s=CLUSTER.nvlink_bandwidth_bytes_per_s * factor),
         "nic": replace(CLUSTER, nic_bandwidth_bytes_per_s=CLUSTER.nic_bandwidth_bytes_per_s * factor),
-        "hbm": replace(CLUSTER, device=replace(DEVICE, hbm_bandwidth_bytes_per_s=DEVICE.hbm_bandwidth_bytes_per_s * factor)),
+        "hbm": replace(
+            CLUSTER, device=replace(DEVICE, hbm_bandwidth_bytes_per_s=DEVICE.hbm_bandwidth_bytes_per_s * factor)
+        ),
         "flops": replace(
             CLUSTER, device=replace(DEVICE, peak_flops=tuple((p, f * factor) for p, f in DEVICE.peak_flops))
         ),

@@ -64,7 +64,7 @@ def _imports(path: Path, *, top_level_only: bool = False) -> list[str]:
 @pytest.mark.parametrize(("module", "path"), _modules(), ids=[m for m, _ in _modules()])
 def test_no_back_edges(module: str, path: Path) -> None:
     own = _layer(module)
-    if module.split(".")[-1] in ("__init__",) or module == "simulator":
+    if module.rsplit(".", maxsplit=1)[-1] in ("__init__",) or module == "simulator":
         return
     for imported in _imports(path):
         if imported.startswith("simulator."):

@@ -14,8 +14,17 @@ def _task(d: float) -> FoldResult:
     return FoldResult(duration_s=d, compute_s=d, exposed=(), comm_s=())
 
 
-def _pipe(schedule: str, p: int, m: int, v: int = 1, f: float = 1.0, b: float = 2.0, send: float = 0.0,
-          buckets: tuple[float, ...] = (), overlap: bool = False) -> PipelineInput:
+def _pipe(
+    schedule: str,
+    p: int,
+    m: int,
+    v: int = 1,
+    f: float = 1.0,
+    b: float = 2.0,
+    send: float = 0.0,
+    buckets: tuple[float, ...] = (),
+    overlap: bool = False,
+) -> PipelineInput:
     orders = generate(schedule, p, m, v)
     w = _task(b / 2) if schedule == "zb_h1" else _task(0.0)
     bb = _task(b / 2) if schedule == "zb_h1" else _task(b)
@@ -89,8 +98,19 @@ def test_deadlock_is_reported() -> None:
     inp = _pipe("1f1b", 2, 2)
     bad = inp.stages[1]
     # Stage 1 asks for its backward before its forward: a schedule no engine can run.
-    broken = StageInput(order=tuple(reversed(bad.order)), fwd=bad.fwd, bwd=bad.bwd, wgt=bad.wgt,
-                        dp_buckets=bad.dp_buckets, dp_tail_s=0, optimizer_s=0, param_gather_s=0)
+    broken = StageInput(
+        order=tuple(reversed(bad.order)),
+        fwd=bad.fwd,
+        bwd=bad.bwd,
+        wgt=bad.wgt,
+        dp_buckets=bad.dp_buckets,
+        dp_tail_s=0,
+        optimizer_s=0,
+        param_gather_s=0,
+    )
     with pytest.raises(SimulatorError, match="deadlock"):
-        simulate_pipeline(PipelineInput(stages=(inp.stages[0], broken), vp=1, send_fwd_s=(0, 0),
-                                        send_bwd_s=(0, 0), grad_overlap=False))
+        simulate_pipeline(
+            PipelineInput(
+                stages=(inp.stages[0], broken), vp=1, send_fwd_s=(0, 0), send_bwd_s=(0, 0), grad_overlap=False
+            )
+        )

@@ -20,6 +20,7 @@ Vidur's ``a100`` SKU is the 80 GB part (``A100DeviceSKUConfig.total_memory_gb = 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -115,7 +116,7 @@ def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurem
             median = row[f"time_stats.{op}.median"]
             if pd.isna(median) or median <= 0:
                 continue
-            common = {
+            common: dict[str, Any] = {
                 "op": op,
                 "precision": "fp16",
                 "time_s": float(median) * _MS,

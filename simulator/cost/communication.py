@@ -29,12 +29,14 @@ from simulator.specs.hardware import ClusterSpec
 
 __all__ = ["NETWORK_EFFICIENCY", "NVLINK_FALLBACK_EFFICIENCY", "CommModel", "bus_factor"]
 
-# Achieved fraction of InfiniBand/RoCE line rate for large NCCL collectives across nodes.
-# source: see NETWORK_EFFICIENCY_SOURCE.
-NETWORK_EFFICIENCY = 0.9
-NETWORK_EFFICIENCY_SOURCE = "pending"
-# NVLink bus bandwidth fraction for large messages when no curve exists at all (default table absent).
-NVLINK_FALLBACK_EFFICIENCY = 0.8
+# Achieved fraction of InfiniBand/RoCE line rate for large NCCL collectives across nodes: 24 of 25 GB/s per
+# HDR 200 Gb/s NIC (NCCL maintainer, NVIDIA/nccl issue #412) and 48-49 of 50 GB/s per NDR 400 Gb/s NIC
+# (NVIDIA, NVIDIA/nccl-tests issue #267): 0.96.
+NETWORK_EFFICIENCY = 0.96
+# NVLink bus bandwidth fraction for large messages when no curve exists at all (default table absent): an
+# 8-GPU all-reduce of 1 GiB on DGX A100 reaches 229 GB/s of 300 GB/s (data/calibration/vtrain/
+# a100_all_reduce_8gpu.txt).
+NVLINK_FALLBACK_EFFICIENCY = 0.76
 
 
 def bus_factor(collective: str, n: int) -> float:

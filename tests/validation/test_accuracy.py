@@ -1,0 +1,81 @@
+"""Accuracy against the measured runs shipped in data/validation (issue 4).
+
+Two kinds of assertion, on purpose:
+
+* ``ISSUE_TARGET``: the figures issue 4 asks for. Where the simulator does not reach them yet the test is an
+  ``xfail(strict=True)``: it fails loudly the day the target is met (XPASS), so the marker is removed then.
+* ``GUARD``: the figures the current model reaches (analysis/ACCURACY.md), with a small margin. They keep a
+  change that makes predictions worse from landing unnoticed; tighten them whenever accuracy improves.
+
+Nothing here feeds back into the model: the measured step times are only compared with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simulator.validate import ValidationReport, validate_file
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "validation"
+
+# issue 4, "Must show"
+ISSUE_TARGET = {
+    "published_runs.csv": {"median_abs_error": 0.07, "p90_abs_error": 0.15},
+    "vtrain_single_node.csv": {"median_abs_error": 0.12},
+}
+# What the model reaches today (analysis/ACCURACY.md), plus about half a point of margin.
+GUARD = {
+    "published_runs.csv": {"median_abs_error": 0.075, "p90_abs_error": 0.225},
+    "vtrain_single_node.csv": {"median_abs_error": 0.15, "p90_abs_error": 0.37},
+}
+SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)
+
+
+@pytest.fixture(scope="module")
+def published() -> ValidationReport:
+    return validate_file(DATA / "published_runs.csv")
+
+
+@pytest.fixture(scope="module")
+def vtrain() -> ValidationReport:
+    return validate_file(DATA / "vtrain_single_node.csv")
+
+
+def test_every_published_run_is_predicted_feasible(published: ValidationReport) -> None:
+    """A run that really ran and is predicted infeasible is a miss: there must be none."""
+    assert published.summary["rows"] == 55
+    assert published.summary["infeasible"] == 0, [r["reason"] for r in published.rows if not r["feasible"]]
+
+
+@pytest.mark.parametrize("figure", ["median_abs_error", "p90_abs_error"])
+def test_published_runs_do_not_regress(published: ValidationReport, figure: str) -> None:
+    assert published.summary[figure] <= GUARD["published_runs.csv"][figure]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 4 target not reached yet; see analysis/ACCURACY.md")
+def test_published_runs_meet_the_issue_target(published: ValidationReport) -> None:
+    for figure, bound in ISSUE_TARGET["published_runs.csv"].items():
+        assert published.summary[figure] <= bound, figure
+
+
+def test_vtrain_rows_are_all_predicted(vtrain: ValidationReport) -> None:
+    assert vtrain.summary["rows"] == 1440
+    assert vtrain.summary["infeasible"] == 0
+
+
+def test_vtrain_ranks_layouts(vtrain: ValidationReport) -> None:
+    """What a planner needs: layouts of one job ranked like the measurements (issue 4: Spearman >= 0.8)."""
+    assert vtrain.summary["spearman_groups"] >= 100
+    assert vtrain.summary["mean_spearman"] >= SPEARMAN_TARGET
+
+
+@pytest.mark.parametrize("figure", ["median_abs_error", "p90_abs_error"])
+def test_vtrain_does_not_regress(vtrain: ValidationReport, figure: str) -> None:
+    assert vtrain.summary[figure] <= GUARD["vtrain_single_node.csv"][figure]
+
+
+@pytest.mark.xfail(strict=True, reason="issue 4 target not reached yet; see analysis/ACCURACY.md")
+def test_vtrain_meets_the_issue_target(vtrain: ValidationReport) -> None:
+    assert vtrain.summary["median_abs_error"] <= ISSUE_TARGET["vtrain_single_node.csv"]["median_abs_error"]

@@ -50,6 +50,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", help="none, selective or full; free if omitted")
     g.add_argument("--zero", type=int, dest="zero_stage", help="ZeRO stage 0-3 (3 = FSDP)")
     g.add_argument("--precision", help="fp16, bf16 or fp8")
+    g.add_argument("--grad-dtype", help="gradient accumulate/reduce dtype fp32, bf16 or fp16 (default: Megatron's)")
     g.add_argument("--attention", help="flash (fused kernel, default) or unfused (explicit softmax)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)
@@ -78,6 +79,7 @@ _PLAN_KEYS = (
     "recompute",
     "zero_stage",
     "precision",
+    "grad_dtype",
     "attention",
     "sequence_parallel",
     "grad_overlap",

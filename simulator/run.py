@@ -21,7 +21,7 @@ from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput,
 from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Layout, place, resolve_layout
-from simulator.parallel.program import Comm, Program, build_programs, chunk_params, grad_bytes_per_param
+from simulator.parallel.program import Comm, Program, build_programs, chunk_params
 from simulator.parallel.schedule import generate
 from simulator.parallel.stages import Chunk, partition
 from simulator.specs.calibration import CalibrationTable
@@ -105,6 +105,7 @@ class StepResult:
                 "grad_overlap": plan.grad_overlap,
                 "tp_overlap": plan.tp_overlap,
                 "precision": plan.precision,
+                "grad_dtype": plan.grad_dtype,
                 "attention": plan.attention,
             },
             "feasible": self.feasible,
@@ -344,7 +345,7 @@ def _pipeline_input(
 ) -> tuple[PipelineInput, float]:
     plan = layout.plan
     m = layout.num_micro_batches
-    grad_b = grad_bytes_per_param(plan.precision)
+    grad_b = plan.grad_bytes
     zero = plan.zero_stage
     stages: list[StageInput] = []
     hw_flops = 0.0

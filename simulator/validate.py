@@ -18,7 +18,8 @@ summary counts adjusted rows; ``strict=True`` turns this off and reports such ro
 A validation folder may also hold ``software_stacks.yaml``: per source, facts about how the runs were
 executed that the CSV cannot carry (the attention kernel of pre-FlashAttention frameworks) or carries
 differently from what the framework did (NeMo's distributed optimizer), each with its evidence. The first
-entry whose ``match`` is a substring of a row's ``source`` is applied and named in the row's ``stack``.
+entry whose ``match`` is a substring of a row's ``source`` (and whose optional ``model`` is a substring of
+the row's ``model``, for facts read from one model's configuration) is applied and named in the row's ``stack``.
 Stated columns are replaced only for knobs an entry lists under ``override``.
 
 The summary gives the median, mean, 90th percentile and maximum absolute relative error, the number of
@@ -67,7 +68,7 @@ RESCUE_STEPS: tuple[dict[str, Any], ...] = (
     {"zero_stage": 3, "sequence_parallel": True, "recompute": "full"},
 )
 _RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
-STACK_KNOBS = ("attention", "tp_overlap", "zero_stage", "sequence_parallel")
+STACK_KNOBS = ("attention", "tp_overlap", "zero_stage", "sequence_parallel", "grad_dtype")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Stack:
 
     match: str
     name: str
+    model: str
     knobs: dict[str, Any]
     override: tuple[str, ...]
     evidence: str
@@ -104,6 +106,7 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
             Stack(
                 match=e.text("match"),
                 name=e.text("name"),
+                model=e.text("model", ""),
                 knobs=values,
                 override=tuple(override),
                 evidence=e.text("evidence"),
@@ -344,7 +347,8 @@ def validate_frame(
             cluster = row_cluster(row, where, clusters)
             plan = row_plan(row, where)
             row_source = str(_cell(row, "source") or "")
-            stack = next((st for st in stacks if st.match in row_source), None)
+            row_name = str(_cell(row, "model") or "")
+            stack = next((st for st in stacks if st.match in row_source and st.model in row_name), None)
             if stack is not None:
                 stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}
                 plan = _apply_stack(plan, stack, stated)

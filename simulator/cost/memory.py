@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
-from simulator.parallel.program import chunk_params, grad_bytes_per_param, shard_op
+from simulator.parallel.program import chunk_params, shard_op
 from simulator.parallel.schedule import Task, in_flight
 from simulator.parallel.stages import Chunk
 from simulator.units import GIB, fmt_bytes
@@ -127,7 +127,7 @@ def stage_memory(
     dp, edp = layout.dp.size, layout.edp.size
     zero = plan.zero_stage
     weights = 2.0 * (dense / dp + expert / edp if zero >= 3 else dense + expert)
-    grad_b = grad_bytes_per_param(plan.precision)
+    grad_b = plan.grad_bytes
     gradients = grad_b * (dense / dp + expert / edp if zero >= 2 else dense + expert)
     optimizer = 12.0 * (dense / dp + expert / edp if zero >= 1 else dense + expert)
 

@@ -43,7 +43,6 @@ __all__ = [
     "build_programs",
     "chunk_params",
     "fp8_gemm",
-    "grad_bytes_per_param",
     "shard_op",
 ]
 
@@ -150,16 +149,6 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def grad_bytes_per_param(precision: str) -> int:
-    """Bytes per gradient element kept and reduced.
-
-    Megatron-LM accumulates and all-reduces gradients in fp32 when training in bf16
-    (``accumulate_allreduce_grads_in_fp32``, set automatically with ``--bf16``) and in the model dtype
-    (fp16) otherwise (Megatron-LM ``arguments.py``).
-    """
-    return 2 if precision == "fp16" else 4
 
 
 class _Builder:
@@ -276,7 +265,7 @@ def _param_gather(f_ops: list[Op], layout: Layout, name: str) -> Comm:
 
 def _grad_scatter(f_ops: list[Op], layout: Layout, name: str) -> Comm:
     params = sum(op.params for op in f_ops)
-    size = float(grad_bytes_per_param(layout.plan.precision) * params)
+    size = float(layout.plan.grad_bytes * params)
     return Comm(f"{name}.grad_reduce_scatter", "reduce_scatter", layout.dp, size, "dp")
 
 

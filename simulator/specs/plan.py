@@ -6,7 +6,9 @@ when > 1). A knob set to ``None`` is *free*: :func:`simulator.run.simulate` choo
 that fits in memory) and reports the choice. Free-able knobs are listed in :data:`FREE_KNOBS`. Other
 knobs have defaults an experienced Megatron-LM user expects: the structural degrees (tp, pp, cp, ep) are 1
 and ``dp`` is derived from the GPU count; ``sequence_parallel`` is on whenever tp > 1 (NeMo and Megatron
-recommend it); ``tp_overlap`` (TE userbuffers overlap of TP collectives with GEMMs) is off; ``schedule`` is
+recommend it); ``tp_overlap`` (TE userbuffers overlap of TP collectives with GEMMs) is off; ``grad_dtype`` (the
+dtype gradients are accumulated and reduced in) follows Megatron-LM: fp32 when training in bf16 or fp8
+(``accumulate_allreduce_grads_in_fp32``), fp16 when training in fp16; ``schedule`` is
 1F1B, interleaved when vp > 1; ``precision`` is bf16; ``attention`` is ``flash`` (a fused FlashAttention-style
 kernel; ``unfused`` is the explicit-softmax path Megatron-LM used before FlashAttention, Dao et al. 2022).
 """
@@ -19,12 +21,13 @@ from typing import Any
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields
 
-__all__ = ["ATTENTION", "FREE_KNOBS", "PRECISIONS", "RECOMPUTE", "SCHEDULES", "PlanSpec"]
+__all__ = ["ATTENTION", "FREE_KNOBS", "GRAD_DTYPES", "PRECISIONS", "RECOMPUTE", "SCHEDULES", "PlanSpec"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp8")
 ATTENTION = ("flash", "unfused")
+GRAD_DTYPES = ("fp32", "bf16", "fp16")
 FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap")
 
 _AUTO = ("auto", "free", "")
@@ -56,6 +59,7 @@ class PlanSpec:
     grad_overlap: bool | None = None
     tp_overlap: bool | None = None
     precision: str = "bf16"
+    grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
     expert_imbalance: float = 1.0
     straggler_factor: float = 1.0
@@ -85,6 +89,17 @@ class PlanSpec:
                 "change the GPU count or the degrees",
             )
         return gpus // per_replica
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element accumulated and reduced.
+
+        Megatron-LM accumulates and all-reduces gradients in fp32 when training in bf16 (it sets
+        ``accumulate_allreduce_grads_in_fp32`` with ``--bf16``) and in the model dtype in fp16 (Megatron-LM
+        ``arguments.py``); NeMo recipes may reduce in bf16 instead (``optim.grad_sync_dtype: bf16``).
+        """
+        dtype = self.grad_dtype or ("fp16" if self.precision == "fp16" else "fp32")
+        return 4 if dtype == "fp32" else 2
 
     @property
     def num_gpus(self) -> int:
@@ -123,6 +138,7 @@ class PlanSpec:
             "grad_overlap": g.boolean("grad_overlap", None),
             "tp_overlap": g.boolean("tp_overlap", None),
             "precision": g.choice("precision", PRECISIONS, "bf16"),
+            "grad_dtype": g.choice("grad_dtype", GRAD_DTYPES, None),
             "attention": g.choice("attention", ATTENTION, "flash"),
             "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
             "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),

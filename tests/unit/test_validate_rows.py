@@ -1,0 +1,84 @@
+"""How validation rows become simulations: software-stack annotations and the gradient dtype knob."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simulator.errors import SpecError
+from simulator.run import simulate
+from simulator.specs import PlanSpec, load_cluster, load_model
+from simulator.validate import load_stacks, validate_frame
+
+STACKS = Path(__file__).resolve().parents[2] / "data" / "validation" / "software_stacks.yaml"
+
+
+def _row(**changes: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "run_id": "r1",
+        "source": "NVIDIA/NeMo performance summary",
+        "model": "Tiny",
+        "layers": 4,
+        "hidden": 512,
+        "heads": 8,
+        "ffn_hidden": 2048,
+        "vocab": 1024,
+        "seq_len": 256,
+        "cluster": "dgx-h100",
+        "num_gpus": 8,
+        "tp": 1,
+        "pp": 1,
+        "dp": 8,
+        "micro_batch": 1,
+        "global_batch": 8,
+        "recompute": "none",
+        "precision": "bf16",
+        "measured_step_time_s": 1.0,
+    }
+    row.update(changes)
+    return row
+
+
+def test_stack_entries_can_be_restricted_to_one_model() -> None:
+    """A recipe fact read from one model's configuration applies to that model's rows only."""
+    stacks = load_stacks(STACKS)
+    frame = pd.DataFrame([_row(), _row(run_id="r2", model="Nemotron-340B (tiny stand-in)")])
+    report = validate_frame(frame, "t.csv", stacks=stacks)
+    assert [r["stack"] for r in report.rows] == [
+        "NeMo 24.07 (Megatron-Core, Transformer Engine)",
+        "NeMo 24.07, Nemotron-4 340B recipe",
+    ]
+
+
+def test_vtrain_rows_run_the_unfused_attention_of_their_framework() -> None:
+    stacks = load_stacks(STACKS)
+    frame = pd.DataFrame([_row(source="vTrain ground truth (ground_truth_single.csv)", cluster="dgx-a100-80g")])
+    unfused = validate_frame(frame, "t.csv", stacks=stacks).rows[0]
+    plain = validate_frame(frame, "t.csv", stacks=()).rows[0]
+    assert unfused["stack"].startswith("Megatron-DeepSpeed")
+    # The explicit s x s softmax costs time the fused kernel does not spend.
+    assert unfused["predicted_step_time_s"] > plain["predicted_step_time_s"]
+
+
+def test_bf16_gradients_halve_gradient_memory_and_reduction() -> None:
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100")
+    base = PlanSpec(dp=16, global_batch=16, micro_batch=1, recompute="full", zero_stage=1, grad_overlap=False)
+    fp32 = simulate(model, cluster, base)
+    assert fp32.feasible, fp32.reason
+    bf16 = simulate(model, cluster, base.with_(grad_dtype="bf16"))
+    assert base.grad_bytes == 4
+    assert bf16.memory[0].gradients == pytest.approx(fp32.memory[0].gradients / 2)
+    assert bf16.breakdown["dp_exposed_s"] < fp32.breakdown["dp_exposed_s"]
+
+
+def test_grad_dtype_defaults_follow_megatron() -> None:
+    assert PlanSpec(global_batch=1, precision="bf16").grad_bytes == 4
+    assert PlanSpec(global_batch=1, precision="fp8").grad_bytes == 4
+    assert PlanSpec(global_batch=1, precision="fp16").grad_bytes == 2
+
+
+def test_unknown_grad_dtype_is_a_spec_error() -> None:
+    with pytest.raises(SpecError, match="grad_dtype: must be one of fp32, bf16, fp16"):
+        PlanSpec.from_mapping({"global_batch": 8, "grad_dtype": "int8"}, "plan.yaml", gpus=8)

@@ -309,6 +309,9 @@ def _run(
         if memory_only_if_infeasible:
             return _infeasible_result(model, cluster, plan, memory, reason, chosen)
     compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
+    # The models are shared across calls; their uncalibrated sets must describe this run only.
+    compute.uncalibrated.clear()
+    comm.uncalibrated.clear()
     slowdown = _overlap_slowdown(cluster)
     pipe, hw_flops_rank = _pipeline_input(graph, layout, chunks, orders, compute, comm, slowdown, cluster, record)
     result = simulate_pipeline(pipe)

@@ -252,7 +252,8 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
     else:
         per_stage = -(-model.layers // plan.pp)
         vps = [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0 and model.layers >= plan.pp * v]
-    overlap = [plan.grad_overlap] if plan.grad_overlap is not None else [True]
+    # Overlap is usually faster, but overlapped compute is slowed down (overlap_slowdown): try both.
+    overlap = [plan.grad_overlap] if plan.grad_overlap is not None else [True, False]
     out = []
     for mb in mbs:
         for vp in vps:

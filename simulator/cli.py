@@ -119,12 +119,22 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(model, cluster, plan, record=args.trace is not None)
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
-        args.trace.write_text(chrome_trace_json(result.timeline, title=title), encoding="utf-8")
+        _write_output(args.trace, chrome_trace_json(result.timeline, title=title), "--trace")
     if args.format == "json":
         print(json.dumps(_json_safe(result.to_dict()), indent=2, sort_keys=False))
     else:
         print(_result_table(result))
     return EXIT_OK if result.feasible else EXIT_INFEASIBLE
+
+
+def _write_output(path: Path, text: str, option: str) -> None:
+    """Write an output file; a path the user cannot write to is bad input (exit 2), not a traceback."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise SpecError(
+            f"{option} {path}", f"cannot be written ({err.strerror or err.__class__.__name__})", "check the folder"
+        ) from None
 
 
 def _json_safe(value: Any) -> Any:
@@ -412,7 +422,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     text = format_report(report, args.format)
     print(text)
     if args.out is not None:
-        report.rows_frame().to_csv(args.out, index=False, float_format="%.6g")
+        _write_output(args.out, report.rows_frame().to_csv(index=False, float_format="%.6g"), "--out")
     return EXIT_OK
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from simulator.errors import InfeasiblePlanError
 from simulator.run import simulate
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import PlanSpec
 
 DEVICE = DeviceSpec(
@@ -123,3 +123,95 @@ def test_same_inputs_same_answer(d: dict) -> None:
 def test_indivisible_tp_is_infeasible(tp: int) -> None:
     with pytest.raises(InfeasiblePlanError, match="'tp' must divide 'heads'"):
         simulate(MODEL, CLUSTER, PlanSpec(tp=tp, global_batch=1, micro_batch=1, recompute="none", grad_overlap=True))
+
+
+# -- MoE, expert parallelism and interleaving (issue 3: monotonicity across random small plans) ---------------
+
+MOE_MODEL = ModelSpec(
+    name="prop-moe",
+    layers=8,
+    hidden=1024,
+    heads=16,
+    kv_heads=4,
+    ffn_hidden=2048,
+    vocab=8192,
+    seq_len=512,
+    gated_mlp=True,
+    activation="swiglu",
+    position_embedding="rope",
+    bias=False,
+    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=1024, layer_frequency=2),
+)
+
+moe_layouts = st.fixed_dictionaries(
+    {
+        "tp": st.sampled_from([1, 2, 4]),
+        "pp": st.sampled_from([1, 2, 4]),
+        "dp": st.sampled_from([1, 2, 4, 8]),
+        "cp": st.sampled_from([1, 2]),
+        "ep": st.sampled_from([1, 2, 4, 8]),
+        "vp": st.sampled_from([1, 2]),
+        "micro_batch": st.sampled_from([1, 2]),
+        "m": st.sampled_from([4, 8]),
+        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "zero_stage": st.sampled_from([0, 1, 2, 3]),
+        "grad_overlap": st.booleans(),
+        "sequence_parallel": st.booleans(),
+    }
+)
+
+
+def _moe_plan(d: dict) -> PlanSpec:
+    ep = d["ep"] if (d["dp"] * d["cp"]) % d["ep"] == 0 else 1
+    vp = d["vp"] if d["pp"] > 1 and d["m"] % d["pp"] == 0 else 1
+    return PlanSpec(
+        tp=d["tp"],
+        pp=d["pp"],
+        dp=d["dp"],
+        cp=d["cp"],
+        ep=ep,
+        vp=vp,
+        micro_batch=d["micro_batch"],
+        global_batch=d["micro_batch"] * d["dp"] * d["m"],
+        recompute=d["recompute"],
+        zero_stage=d["zero_stage"],
+        grad_overlap=d["grad_overlap"],
+        sequence_parallel=d["sequence_parallel"],
+    )
+
+
+@SETTINGS
+@given(moe_layouts, st.sampled_from(["nvlink", "nic", "hbm", "flops"]), st.sampled_from([1.25, 2.0, 8.0]))
+def test_more_hardware_never_slows_a_moe_step(d: dict, what: str, factor: float) -> None:
+    """Issue 3: more NVLink, NIC, HBM bandwidth or FLOP/s never makes a step slower, for MoE models with
+    expert parallelism, interleaved schedules, context parallelism and ZeRO 0-3."""
+    plan = _moe_plan(d)
+    faster = _faster(what, factor)
+    base = simulate(MOE_MODEL, CLUSTER, plan)
+    better = simulate(MOE_MODEL, faster, plan)
+    assert better.step_time_s <= base.step_time_s * (1 + 1e-9)
+
+
+@SETTINGS
+@given(moe_layouts)
+def test_moe_breakdown_sums_to_step_time(d: dict) -> None:
+    """Issue 3: for every stage, compute + exposed communication + bubble + optimizer equals the step time,
+    and no stage computes for longer than the step."""
+    r = simulate(MOE_MODEL, CLUSTER, _moe_plan(d))
+    for stage in r.stage_breakdown:
+        assert stage["compute_s"] <= r.step_time_s * (1 + 1e-9)
+        assert sum(stage.values()) == pytest.approx(r.step_time_s, rel=1e-6)
+        assert min(stage.values()) >= -1e-12
+
+
+def _faster(what: str, factor: float) -> ClusterSpec:
+    return {
+        "nvlink": replace(CLUSTER, nvlink_bandwidth_bytes_per_s=CLUSTER.nvlink_bandwidth_bytes_per_s * factor),
+        "nic": replace(CLUSTER, nic_bandwidth_bytes_per_s=CLUSTER.nic_bandwidth_bytes_per_s * factor),
+        "hbm": replace(
+            CLUSTER, device=replace(DEVICE, hbm_bandwidth_bytes_per_s=DEVICE.hbm_bandwidth_bytes_per_s * factor)
+        ),
+        "flops": replace(
+            CLUSTER, device=replace(DEVICE, peak_flops=tuple((p, f * factor) for p, f in DEVICE.peak_flops))
+        ),
+    }[what]

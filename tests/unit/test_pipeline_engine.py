@@ -114,3 +114,49 @@ def test_deadlock_is_reported() -> None:
                 stages=(inp.stages[0], broken), vp=1, send_fwd_s=(0, 0), send_bwd_s=(0, 0), grad_overlap=False
             )
         )
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 8, 2), (4, 8, 2), (4, 16, 4), (8, 32, 2), (8, 16, 4)])
+def test_interleaved_bubble_is_the_one_f_one_b_bubble_over_v(p: int, m: int, v: int) -> None:
+    """Issue 3 (interleaving): with free communication, interleaved 1F1B's idle time is (p−1)·(t_f+t_b)/v
+    (Narayanan et al. SC21, Sec. 2.2.2), i.e. 1F1B's divided by v, within 1%."""
+    ideal = m * 3.0
+    inter = simulate_pipeline(_pipe("interleaved", p, m, v)).step_time_s - ideal
+    base = simulate_pipeline(_pipe("1f1b", p, m)).step_time_s - ideal
+    assert inter == pytest.approx((p - 1) * 3.0 / v, rel=0.01)
+    assert base / inter == pytest.approx(v, rel=0.01)
+
+
+@pytest.mark.parametrize(("f", "b"), [(1.0, 1.0), (1.0, 3.0), (2.0, 1.0)])
+def test_one_f_one_b_bubble_for_any_forward_backward_ratio(f: float, b: float) -> None:
+    """Issue 3 (1F1B): the bubble fraction is (p−1)/(m+p−1) whatever the forward/backward split, within 1%."""
+    p, m = 4, 12
+    step = simulate_pipeline(_pipe("1f1b", p, m, f=f, b=b)).step_time_s
+    assert 1 - m * (f + b) / step == pytest.approx((p - 1) / (m + p - 1), rel=0.01)
+
+
+def test_pipeline_timeline_pairs() -> None:
+    """Issue 3 (engine): the whole (stage, task, start, end) record of a 2-stage, 3-micro-batch 1F1B step with
+    t_f=1, t_b=2 and free links, compared as one list (SimPy-style)."""
+    inp = _pipe("1f1b", 2, 3)
+    r = simulate_pipeline(
+        PipelineInput(
+            stages=inp.stages, vp=1, send_fwd_s=(0.0, 0.0), send_bwd_s=(0.0, 0.0), grad_overlap=False, record=True
+        )
+    )
+    got = sorted((s, name, start, end) for s, stream, name, start, end in r.timeline if stream == "compute")
+    assert got == [
+        (0, "B0.0", 4.0, 6.0),
+        (0, "B1.0", 7.0, 9.0),
+        (0, "B2.0", 10.0, 12.0),
+        (0, "F0.0", 0.0, 1.0),
+        (0, "F1.0", 1.0, 2.0),
+        (0, "F2.0", 6.0, 7.0),
+        (1, "B0.0", 2.0, 4.0),
+        (1, "B1.0", 5.0, 7.0),
+        (1, "B2.0", 8.0, 10.0),
+        (1, "F0.0", 1.0, 2.0),
+        (1, "F1.0", 4.0, 5.0),
+        (1, "F2.0", 7.0, 8.0),
+    ]
+    assert r.step_time_s == 12.0

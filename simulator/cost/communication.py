@@ -91,7 +91,8 @@ class CommModel:
                 # Same ring traffic pattern as half an all-reduce (nccl-tests PERFORMANCE.md).
                 curve = self.table.bandwidth_curve("all_reduce", "domain", ranks)
             if curve is not None:
-                return curve, 1.0
+                ref = curve.reference_bandwidth_bytes_per_s  # set when a what-if changed the measured fabric
+                return curve, (self.cluster.nvlink_bandwidth_bytes_per_s / ref if ref else 1.0)
         self.uncalibrated.add(f"{collective}:domain")
         if self.default is not None:
             curve = self.default.bandwidth_curve(collective, "domain", ranks) or self.default.bandwidth_curve(

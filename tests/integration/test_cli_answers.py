@@ -298,3 +298,18 @@ def test_graph_dot_has_a_node_per_operator(capsys: pytest.CaptureFixture[str]) -
     assert len(declared) == g.number_of_nodes()
     assert len(edges) == g.number_of_edges()
     assert dot.rstrip().endswith("}")
+
+
+TP8 = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "8", "--global-batch", "8"]
+TP8 += ["--micro-batch", "1", "--recompute", "none", "--vp", "1", "--grad-overlap", "--seq-len", "4096"]
+
+
+def test_faster_nvlink_speeds_up_a_calibrated_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (what-if): doubling NVLink on dgx-h100 (whose collectives come from a measured table) shortens
+    the exposed TP time and the step (found by this test: the measured curves ignored the override)."""
+    base = simulate_json(TP8, capsys)
+    same = simulate_json([*TP8, "--set", "cluster.nvlink_bandwidth_gb_per_s=450"], capsys)
+    fast = simulate_json([*TP8, "--set", "cluster.nvlink_bandwidth_gb_per_s=900"], capsys)
+    assert same["step_time_s"] == base["step_time_s"]
+    assert fast["breakdown"]["tp_exposed_s"] < base["breakdown"]["tp_exposed_s"]
+    assert fast["step_time_s"] < base["step_time_s"]

@@ -389,7 +389,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 elif kind == "calibration":
                     CalibrationTable.from_mapping(data, where)
                 else:
-                    PlanSpec.from_mapping(data, where, gpus=None if "dp" in data else 1)
+                    # A plan file may leave dp and gpus to the command line (simulate --gpus): check the rest.
+                    plan_data = data if "dp" in data or "gpus" in data else {**data, "dp": 1}
+                    PlanSpec.from_mapping(plan_data, where)
             print(f"ok: {path} ({kind})")
         except SpecError as err:
             failures += 1

@@ -331,3 +331,16 @@ def test_directory_given_as_a_file_exits_2(tmp_path: Path, capsys: pytest.Captur
     """Issue 2 (bad arguments): a folder where a CSV is expected is reported, not a traceback."""
     assert main(["validate", str(tmp_path)]) == 2
     _check_message(capsys.readouterr().err, [str(tmp_path), "is a directory"])
+
+
+@pytest.mark.parametrize(
+    "content", ["tp: 8\npp: 2\nglobal_batch: 16\n", "tp: 8\nglobal_batch: 16\ngpus: 64\n", "dp: 4\nglobal_batch: 8\n"]
+)
+def test_check_accepts_plan_files_without_a_gpu_count(
+    content: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 2: a plan file that leaves dp and gpus to ``simulate --gpus`` is valid for ``check`` (found by
+    this test: check assumed 1 GPU and rejected tp=8)."""
+    (tmp_path / "plan.yaml").write_text(content)
+    assert main(["check", str(tmp_path / "plan.yaml")]) == 0
+    assert "(plan)" in capsys.readouterr().out

@@ -152,7 +152,9 @@ def _moe(f: Fields, model_type: str) -> MoESpec | None:
     shared_ffn = int(data.get("shared_expert_intermediate_size") or 0)
     step = int(data.get("decoder_sparse_step") or 1)
     dense_layers = data.get("mlp_only_layers") or []
-    first_dense = int(data.get("first_k_dense_replace") or 0)
+    # Qwen2-MoE/Qwen3-MoE make layer i sparse when (i + 1) % decoder_sparse_step == 0 (transformers
+    # modeling_qwen2_moe.py): layers step-1, 2·step-1, ..., i.e. step-1 leading dense layers, then every step-th.
+    first_dense = max(int(data.get("first_k_dense_replace") or 0), step - 1)
     if dense_layers:
         # Only a leading block of dense layers is representable; Qwen's released models leave it empty.
         first_dense = max(first_dense, len(dense_layers))

@@ -300,3 +300,12 @@ def test_bad_configs_name_the_key(cfg: dict, where: str, what: str) -> None:
     assert where in err.where or where in err.what
     assert what in err.what
     assert err.fix
+
+
+def test_decoder_sparse_step_places_moe_layers_as_qwen_does() -> None:
+    """Issue 2 (HF importer): with decoder_sparse_step=2 Qwen-MoE layers 1, 3, 5 are sparse ((i+1) % step == 0,
+    transformers' Qwen2MoeDecoderLayer), not 0, 2, 4 (found by this test: the importer started at layer 0)."""
+    m = _load({**QWEN2_57B_A14B, "num_hidden_layers": 5, "decoder_sparse_step": 2})
+    assert m.moe is not None
+    assert [m.moe.is_moe_layer(i) for i in range(5)] == [False, True, False, True, False]
+    assert m.num_moe_layers == 2

@@ -68,6 +68,7 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 @SETTINGS
 @given(layouts)
 def test_gpu_count_and_busy_time(d: dict) -> None:
+    """Issue 3: tp·pp·dp·cp is the GPU count; no stage is busy longer than the step; parts sum to it."""
     plan = _plan(d)
     assert plan.num_gpus == plan.tp * plan.pp * plan.dp * plan.cp
     r = simulate(MODEL, CLUSTER, plan)
@@ -80,6 +81,8 @@ def test_gpu_count_and_busy_time(d: dict) -> None:
 @SETTINGS
 @given(layouts, st.sampled_from(["nvlink", "nic", "hbm", "flops"]), st.sampled_from([1.5, 2.0, 4.0]))
 def test_more_hardware_never_slows_a_step(d: dict, what: str, factor: float) -> None:
+    """Issue 3: more NVLink, NIC, HBM bandwidth or FLOP/s never makes a step slower (random plans with pp, cp,
+    ZeRO 0-3, every schedule but interleaved, which the MoE test below covers)."""
     plan = _plan(d)
     faster = {
         "nvlink": replace(CLUSTER, nvlink_bandwidth_bytes_per_s=CLUSTER.nvlink_bandwidth_bytes_per_s * factor),
@@ -114,6 +117,7 @@ def test_serial_sum_at_tp_pp_dp_1() -> None:
 @SETTINGS
 @given(layouts)
 def test_same_inputs_same_answer(d: dict) -> None:
+    """Issue 3 (determinism): the same inputs give an equal result."""
     plan = _plan(d)
     assert simulate(MODEL, CLUSTER, plan) == simulate(MODEL, CLUSTER, plan)
 
@@ -121,6 +125,7 @@ def test_same_inputs_same_answer(d: dict) -> None:
 @SETTINGS
 @given(st.sampled_from([3, 5, 6, 7]))
 def test_indivisible_tp_is_infeasible(tp: int) -> None:
+    """Issue 3: tp that does not divide the heads is an infeasible plan with the rule in the message."""
     with pytest.raises(InfeasiblePlanError, match="'tp' must divide 'heads'"):
         simulate(MODEL, CLUSTER, PlanSpec(tp=tp, global_batch=1, micro_batch=1, recompute="none", grad_overlap=True))
 
@@ -215,3 +220,16 @@ def _faster(what: str, factor: float) -> ClusterSpec:
             CLUSTER, device=replace(DEVICE, peak_flops=tuple((p, f * factor) for p, f in DEVICE.peak_flops))
         ),
     }[what]
+
+
+@pytest.mark.parametrize("what", ["nvlink", "nic", "hbm", "flops"])
+def test_each_hardware_knob_matters(what: str) -> None:
+    """Issue 3: the monotonicity properties above are not vacuous: on a plan that uses NVLink (tp=4, SP off),
+    the network (dp=16 over 8 nodes, no overlap), HBM and tensor cores, doubling any one of the four strictly
+    shortens the step."""
+    plan = PlanSpec(
+        tp=4, pp=2, dp=16, global_batch=64, micro_batch=1, recompute="none", grad_overlap=False, vp=1,
+        sequence_parallel=False,
+    )  # fmt: skip
+    base = simulate(MODEL, CLUSTER, plan).step_time_s
+    assert simulate(MODEL, _faster(what, 2.0), plan).step_time_s < base * (1 - 1e-3)

@@ -165,7 +165,8 @@ def _result_table(r: Any) -> str:
         lines.append("chosen: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in r.chosen.items()))
     lines.append(
         f"layout: micro_batch={p.micro_batch} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
-        f"recompute={p.recompute} zero={p.zero_stage} sequence_parallel={_fmt_value(p.sequence_parallel)}"
+        f"recompute={p.recompute} zero={p.zero_stage} "
+        f"sequence_parallel={_fmt_value(p.sequence_parallel if p.sequence_parallel is not None else p.tp > 1)}"
     )
     if r.breakdown:
         lines.append("")

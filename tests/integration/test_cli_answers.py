@@ -313,3 +313,11 @@ def test_faster_nvlink_speeds_up_a_calibrated_cluster(capsys: pytest.CaptureFixt
     assert same["step_time_s"] == base["step_time_s"]
     assert fast["breakdown"]["tp_exposed_s"] < base["breakdown"]["tp_exposed_s"]
     assert fast["step_time_s"] < base["step_time_s"]
+
+
+def test_table_shows_the_resolved_sequence_parallel(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (CLI): the layout line shows sequence_parallel as resolved (on by default when tp > 1), not
+    'None' (found by this test)."""
+    code, out, _ = run([a for a in LLAMA8 if a != "--no-grad-overlap"], capsys)
+    assert code == 0
+    assert "sequence_parallel=true" in out

@@ -156,3 +156,12 @@ def test_simulate_json_is_byte_identical_across_runs_and_processes() -> None:
         "print(json.dumps(simulate(m, load_cluster('dgx-a100-80g'), p).to_dict(), sort_keys=False), end='')"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == a
+
+
+def test_interleaved_schedule_with_free_vp_picks_vp_of_at_least_two() -> None:
+    """Issue 3 (free knobs): ``schedule: interleaved`` with vp left free chooses vp >= 2 (found by this test:
+    the chooser tried vp=1 first and the plan was rejected as 'vp must be > 1')."""
+    r = simulate(SMALL, A100, PlanSpec(pp=2, global_batch=8, schedule="interleaved"))
+    assert r.feasible
+    assert r.chosen["vp"] >= 2
+    assert r.plan.schedule == "interleaved"

@@ -147,6 +147,14 @@ ARG_CASES = [
     ([*SIM, "--set", "device.hbm_bandwidth_gb_per_s=fast"], ["hbm_bandwidth_gb_per_s", "must be a number"]),
     (["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--tp", "8"], ["--global-batch", "required"]),
     (
+        ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--gpus", "0", "--global-batch", "8"],
+        ["command line: gpus", "must be >= 1, got 0"],
+    ),
+    (
+        ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "8", "--attention", "fused"],
+        ["attention", "(did you mean 'unfused'?)"],
+    ),
+    (
         ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--tp", "x", "--global-batch", "8"],
         ["argument --tp", "invalid int value"],
     ),

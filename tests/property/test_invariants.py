@@ -233,3 +233,39 @@ def test_each_hardware_knob_matters(what: str) -> None:
     )  # fmt: skip
     base = simulate(MODEL, CLUSTER, plan).step_time_s
     assert simulate(MODEL, _faster(what, 2.0), plan).step_time_s < base * (1 - 1e-3)
+
+
+@SETTINGS
+@given(
+    st.sampled_from([MODEL, MOE_MODEL]),
+    st.sampled_from(["flash", "unfused"]),
+    st.sampled_from(["1f1b", "gpipe"]),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.sampled_from(["fp16", "bf16"]),
+)
+def test_serial_sum_for_random_models(
+    model: ModelSpec, attention: str, schedule: str, mb: int, m: int, precision: str
+) -> None:
+    """Issue 3: with tp=pp=dp=cp=1 (no communication, no overlap) the step is exactly the serial sum of every
+    operator's time over all micro-batches plus the optimizer, for dense and MoE models, both attention
+    kernels, both schedules and both 16-bit precisions."""
+    from simulator.cost.compute import ComputeModel
+    from simulator.graph.transformer import build_graph
+    from simulator.run import _default_table
+
+    plan = PlanSpec(
+        micro_batch=mb,
+        global_batch=mb * m,
+        recompute="none",
+        grad_overlap=False,
+        attention=attention,
+        schedule=schedule,
+        precision=precision,
+        vp=1,
+    )
+    r = simulate(model, CLUSTER, plan)
+    cm = ComputeModel(DEVICE, None, _default_table(), precision)
+    g = build_graph(model, model.seq_len, mb, attention)
+    per_mb = sum(cm.time(op) * b.count for b in g.blocks for op in b.forward + b.backward)
+    assert r.step_time_s == pytest.approx(per_mb * m + cm.time(g.optimizer), rel=1e-9)

@@ -121,12 +121,22 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(model, cluster, plan, record=args.trace is not None)
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
-        args.trace.write_text(chrome_trace_json(result.timeline, title=title), encoding="utf-8")
+        _write_output(args.trace, chrome_trace_json(result.timeline, title=title), "--trace")
     if args.format == "json":
         print(json.dumps(_json_safe(result.to_dict()), indent=2, sort_keys=False))
     else:
         print(_result_table(result))
     return EXIT_OK if result.feasible else EXIT_INFEASIBLE
+
+
+def _write_output(path: Path, text: str, option: str) -> None:
+    """Write an output file; a path the user cannot write to is bad input (exit 2), not a traceback."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise SpecError(
+            f"{option} {path}", f"cannot be written ({err.strerror or err.__class__.__name__})", "check the folder"
+        ) from None
 
 
 def _json_safe(value: Any) -> Any:
@@ -157,7 +167,8 @@ def _result_table(r: Any) -> str:
         lines.append("chosen: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in r.chosen.items()))
     lines.append(
         f"layout: micro_batch={p.micro_batch} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
-        f"recompute={p.recompute} zero={p.zero_stage} sequence_parallel={_fmt_value(p.sequence_parallel)}"
+        f"recompute={p.recompute} zero={p.zero_stage} "
+        f"sequence_parallel={_fmt_value(p.sequence_parallel if p.sequence_parallel is not None else p.tp > 1)}"
     )
     if r.breakdown:
         lines.append("")
@@ -381,7 +392,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 elif kind == "calibration":
                     CalibrationTable.from_mapping(data, where)
                 else:
-                    PlanSpec.from_mapping(data, where, gpus=None if "dp" in data else 1)
+                    # A plan file may leave dp and gpus to the command line (simulate --gpus): check the rest.
+                    plan_data = data if "dp" in data or "gpus" in data else {**data, "dp": 1}
+                    PlanSpec.from_mapping(plan_data, where)
             print(f"ok: {path} ({kind})")
         except SpecError as err:
             failures += 1
@@ -414,7 +427,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     text = format_report(report, args.format)
     print(text)
     if args.out is not None:
-        report.rows_frame().to_csv(args.out, index=False, float_format="%.6g")
+        _write_output(args.out, report.rows_frame().to_csv(index=False, float_format="%.6g"), "--out")
     return EXIT_OK
 
 

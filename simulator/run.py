@@ -249,12 +249,15 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
         mbs = [d for d in range(1, min(per_replica, MICRO_BATCH_CANDIDATES_MAX) + 1) if per_replica % d == 0] or [1]
     if plan.vp is not None:
         vps = [plan.vp]
-    elif plan.pp == 1 or plan.schedule in ("gpipe", "1f1b", "zb_h1"):
+    elif plan.schedule in ("gpipe", "1f1b", "zb_h1") or (plan.pp == 1 and plan.schedule is None):
         vps = [1]
     else:
         per_stage = -(-model.layers // plan.pp)
-        vps = [1] + [v for v in range(2, per_stage + 1) if per_stage % v == 0 and model.layers >= plan.pp * v]
-    overlap = [plan.grad_overlap] if plan.grad_overlap is not None else [True]
+        vps = [v for v in range(2, per_stage + 1) if per_stage % v == 0 and model.layers >= plan.pp * v]
+        if plan.schedule is None:
+            vps = [1, *vps]  # an explicit interleaved schedule needs vp >= 2
+    # Overlap is usually faster, but overlapped compute is slowed down (overlap_slowdown): try both.
+    overlap = [plan.grad_overlap] if plan.grad_overlap is not None else [True, False]
     out = []
     for mb in mbs:
         for vp in vps:
@@ -311,6 +314,9 @@ def _run(
         if memory_only_if_infeasible:
             return _infeasible_result(model, cluster, plan, memory, reason, chosen)
     compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
+    # The models are shared across calls; their uncalibrated sets must describe this run only.
+    compute.uncalibrated.clear()
+    comm.uncalibrated.clear()
     slowdown = _overlap_slowdown(cluster)
     pipe, hw_flops_rank = _pipeline_input(graph, layout, chunks, orders, compute, comm, slowdown, cluster, record)
     result = simulate_pipeline(pipe)

@@ -387,6 +387,8 @@ def validate_file(
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except FileNotFoundError:
         raise SpecError(str(path), "file not found", "check the path") from None
+    except IsADirectoryError:
+        raise SpecError(str(path), "is a directory, not a file", "name the CSV file") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
         raise SpecError(str(path), f"is not a readable CSV ({err})", "check the file") from None
     except pd.errors.EmptyDataError:

@@ -33,3 +33,12 @@ def toy_cluster(toy_device: DeviceSpec) -> ClusterSpec:
         nics_per_node=8,
         nic_bandwidth_bytes_per_s=25e9,
     )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--regen-golden",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/expected/*.json from the current simulator instead of comparing (on purpose only)",
+    )

@@ -62,21 +62,28 @@ class CommModel:
     table: CalibrationTable | None
     default: CalibrationTable | None
     straggler_factor: float = 1.0
-    _cache: dict[tuple[object, ...], float] = field(default_factory=dict, repr=False)
+    # Per collective: the seconds and the uncalibrated labels timing it raised (see ComputeModel._cache).
+    _cache: dict[tuple[object, ...], tuple[float, frozenset[str]]] = field(default_factory=dict, repr=False)
     uncalibrated: set[str] = field(default_factory=set, repr=False)
 
     def time(self, comm: Comm) -> float:
         """Seconds for ``comm`` on its group."""
         key = (comm.collective, comm.group, comm.size_bytes, comm.kind)
         cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        seconds = self._time(comm.collective, comm.group, comm.size_bytes)
-        if comm.kind == "dp":
-            # Data-parallel collectives wait for the slowest replica (Design: stragglers).
-            seconds *= self.straggler_factor
-        self._cache[key] = seconds
-        return seconds
+        if cached is None:
+            outer, self.uncalibrated = self.uncalibrated, set()
+            try:
+                seconds = self._time(comm.collective, comm.group, comm.size_bytes)
+            finally:
+                labels, self.uncalibrated = frozenset(self.uncalibrated), outer
+            if comm.kind == "dp":
+                # Data-parallel collectives wait for the slowest replica (Design: stragglers).
+                seconds *= self.straggler_factor
+            cached = (seconds, labels)
+            self._cache[key] = cached
+        if cached[1]:
+            self.uncalibrated.update(cached[1])
+        return cached[0]
 
     def _domain_curve(self, collective: str, ranks: int) -> tuple[BandwidthCurve | None, float]:
         """A measured (or default) NVLink-domain curve and the factor that scales it to this cluster."""
@@ -86,7 +93,8 @@ class CommModel:
                 # Same ring traffic pattern as half an all-reduce (nccl-tests PERFORMANCE.md).
                 curve = self.table.bandwidth_curve("all_reduce", "domain", ranks)
             if curve is not None:
-                return curve, 1.0
+                ref = curve.reference_bandwidth_bytes_per_s  # set when a what-if changed the measured fabric
+                return curve, (self.cluster.nvlink_bandwidth_bytes_per_s / ref if ref else 1.0)
         self.uncalibrated.add(f"{collective}:domain")
         if self.default is not None:
             curve = self.default.bandwidth_curve(collective, "domain", ranks) or self.default.bandwidth_curve(

@@ -50,7 +50,9 @@ class ComputeModel:
     table: CalibrationTable | None
     default: CalibrationTable | None
     precision: str
-    _cache: dict[tuple[object, ...], float] = field(default_factory=dict, repr=False)
+    # Per shape: the seconds and the uncalibrated labels that timing it raised, so that a cache hit reports
+    # the same labels as a miss (the set below then describes only the ops timed since it was last cleared).
+    _cache: dict[tuple[object, ...], tuple[float, frozenset[str]]] = field(default_factory=dict, repr=False)
     uncalibrated: set[str] = field(default_factory=set, repr=False)
 
     def _curve(self, op_class: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
@@ -98,11 +100,17 @@ class ComputeModel:
         cls = self.memory_class(op) if op.kind == "memory" else op.kind
         key = (precision, cls, *op.shape_key())
         cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        seconds = self._time(op, precision)
-        self._cache[key] = seconds
-        return seconds
+        if cached is None:
+            outer, self.uncalibrated = self.uncalibrated, set()
+            try:
+                seconds = self._time(op, precision)
+            finally:
+                labels, self.uncalibrated = frozenset(self.uncalibrated), outer
+            cached = (seconds, labels)
+            self._cache[key] = cached
+        if cached[1]:
+            self.uncalibrated.update(cached[1])
+        return cached[0]
 
     def _time(self, op: Op, precision: str) -> float:
         hbm = self.device.hbm_bandwidth_bytes_per_s

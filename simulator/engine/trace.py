@@ -48,14 +48,17 @@ def chrome_trace(timeline: Sequence[tuple[int, str, str, float, float]], *, titl
 
 
 def _slice(pid: int, tid: int, name: str, cat: str, start: float, end: float) -> dict[str, Any]:
+    ts = round(start * 1e6, 3)
     return {
         "ph": "X",
         "name": name,
         "cat": cat,
         "pid": pid,
         "tid": tid,
-        "ts": round(start * 1e6, 3),
-        "dur": round((end - start) * 1e6, 3),
+        "ts": ts,
+        # From the rounded end, not the rounded length: independently rounded ts and dur can make a slice end
+        # 1 ns after the next one on its track starts, which Perfetto reports as misnested slices.
+        "dur": round(round(end * 1e6, 3) - ts, 3),
     }
 
 

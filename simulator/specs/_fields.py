@@ -251,8 +251,10 @@ def _show(value: Any) -> str:
 
 def _number_fix(value: Any) -> str:
     if isinstance(value, str) and _NUMBER_TEXT.match(value) and any(c.isdigit() for c in value):
-        return (
-            "YAML reads exponent notation without a dot (like 989e12) as text: write the plain number, "
-            "using the unit in the key name (989 for peak_tflops_bf16)"
-        )
+        if "e" in value.lower():
+            return (
+                "YAML reads exponent notation without a dot (like 989e12) as text: write the plain number, "
+                "using the unit in the key name (989 for peak_tflops_bf16)"
+            )
+        return f"remove the quotes: write {value.strip()}"
     return "write a plain number without quotes"

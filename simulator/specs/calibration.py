@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.errors import SpecError
@@ -116,8 +116,10 @@ class EfficiencyCurve:
 class BandwidthCurve:
     """Achieved bus bandwidth of one collective against log2 of the message size.
 
-    A curve with ``reference_bandwidth_bytes_per_s`` (default tables only) was measured on a fabric of that
-    per-GPU bandwidth and is scaled by ``cluster bandwidth / reference`` when used on another cluster.
+    A curve with ``reference_bandwidth_bytes_per_s`` was measured on a fabric of that per-GPU bandwidth and is
+    scaled by ``cluster bandwidth / reference`` when used on another cluster. Default tables give it in the
+    file; a cluster's own measured table gets it when a what-if (``--set cluster.nvlink_bandwidth_gb_per_s``)
+    changes the fabric it was measured on (:meth:`CalibrationTable.measured_on`).
     """
 
     collective: str
@@ -181,6 +183,17 @@ class CalibrationTable:
             if curve.precision in (fallback, "any"):
                 found = curve
         return found
+
+    def measured_on(self, nvlink_bandwidth_bytes_per_s: float) -> CalibrationTable:
+        """A copy whose NVLink-domain curves without a reference record that they were measured on a fabric
+        of ``nvlink_bandwidth_bytes_per_s`` per GPU, so that a cluster with another NVLink rate scales them."""
+        curves = tuple(
+            replace(c, reference_bandwidth_bytes_per_s=nvlink_bandwidth_bytes_per_s)
+            if c.scope == "domain" and not c.reference_bandwidth_bytes_per_s
+            else c
+            for c in self.collectives
+        )
+        return replace(self, collectives=curves)
 
     def bandwidth_curve(self, collective: str, scope: str, ranks: int) -> BandwidthCurve | None:
         """The measured curve for this collective and scope whose group size is nearest ``ranks``."""

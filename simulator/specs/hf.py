@@ -75,6 +75,22 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
     return _llama_like(f, name, model_type)
 
 
+# ModelSpec field -> the config.json key it was read from, so cross-field errors name the file's own key.
+_LLAMA_KEYS = {
+    "kv_heads": "num_key_value_heads",
+    "heads": "num_attention_heads",
+    "gated_mlp": "hidden_act",
+    "moe.first_dense_layers": "mlp_only_layers",
+}
+_GPT2_KEYS = {"kv_heads": "n_head", "heads": "n_head"}
+_NEOX_KEYS = {"kv_heads": "num_attention_heads", "heads": "num_attention_heads"}
+
+
+def _respec(err: SpecError, f: Fields, keys: dict[str, str]) -> SpecError:
+    """A ModelSpec error re-located at the config.json key that caused it."""
+    return SpecError(f"{f.where}: {keys.get(err.where, err.where)}", err.what, err.fix)
+
+
 def _seq(f: Fields, key: str) -> int:
     value = f.integer(key, 2048, minimum=1)
     return int(min(value, _SEQ_CAP))
@@ -113,7 +129,7 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
             source=f"Hugging Face config.json ({model_type or 'llama-style'}): {f.where}",
         )
     except SpecError as err:
-        raise SpecError(f"{f.where}: {err.where}", err.what, err.fix) from None
+        raise _respec(err, f, _LLAMA_KEYS) from None
 
 
 def _moe(f: Fields, model_type: str) -> MoESpec | None:
@@ -123,6 +139,12 @@ def _moe(f: Fields, model_type: str) -> MoESpec | None:
         return None
     f.used.update(("num_local_experts", "num_experts"))
     top_k = f.integer("num_experts_per_tok", minimum=1)
+    if top_k > int(experts):
+        raise f.error(
+            "num_experts_per_tok",
+            f"must be <= the number of experts: num_experts_per_tok={top_k}, experts={experts}",
+            "check the config (top-k routing picks k of the experts)",
+        )
     expert_ffn = data.get("moe_intermediate_size") or data.get("intermediate_size")
     if not isinstance(expert_ffn, int) or expert_ffn < 1:
         raise f.error("moe_intermediate_size", f"must be a whole number, got {expert_ffn!r}", "add the expert FFN size")
@@ -130,7 +152,9 @@ def _moe(f: Fields, model_type: str) -> MoESpec | None:
     shared_ffn = int(data.get("shared_expert_intermediate_size") or 0)
     step = int(data.get("decoder_sparse_step") or 1)
     dense_layers = data.get("mlp_only_layers") or []
-    first_dense = int(data.get("first_k_dense_replace") or 0)
+    # Qwen2-MoE/Qwen3-MoE make layer i sparse when (i + 1) % decoder_sparse_step == 0 (transformers
+    # modeling_qwen2_moe.py): layers step-1, 2·step-1, ..., i.e. step-1 leading dense layers, then every step-th.
+    first_dense = max(int(data.get("first_k_dense_replace") or 0), step - 1)
     if dense_layers:
         # Only a leading block of dense layers is representable; Qwen's released models leave it empty.
         first_dense = max(first_dense, len(dense_layers))
@@ -168,7 +192,7 @@ def _gpt2(f: Fields, name: str) -> ModelSpec:
             source=f"Hugging Face config.json (gpt2): {f.where}",
         )
     except SpecError as err:
-        raise SpecError(f"{f.where}: {err.where}", err.what, err.fix) from None
+        raise _respec(err, f, _GPT2_KEYS) from None
 
 
 def _neox(f: Fields, name: str) -> ModelSpec:
@@ -193,4 +217,4 @@ def _neox(f: Fields, name: str) -> ModelSpec:
             source=f"Hugging Face config.json (gpt_neox): {f.where}",
         )
     except SpecError as err:
-        raise SpecError(f"{f.where}: {err.where}", err.what, err.fix) from None
+        raise _respec(err, f, _NEOX_KEYS) from None

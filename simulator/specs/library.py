@@ -210,8 +210,13 @@ def load_cluster(
     data = apply_overrides(raw, overrides or {}, "cluster")
     if isinstance(data.get("device"), dict) and not device_overrides:
         device = DeviceSpec.from_mapping(data["device"], f"{path}: device")
+    # The cluster's measured collective curves were taken on the fabric the file describes; record it so that
+    # an NVLink what-if scales them instead of leaving the answer unchanged.
+    calibration = cluster.calibration
+    if calibration is not None:
+        calibration = calibration.measured_on(cluster.nvlink_bandwidth_bytes_per_s)
     return ClusterSpec.from_mapping(
-        data, f"{path} (with --set cluster.* overrides)", device=device, calibration=cluster.calibration
+        data, f"{path} (with --set cluster.* overrides)", device=device, calibration=calibration
     )
 
 

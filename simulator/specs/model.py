@@ -109,6 +109,12 @@ class ModelSpec:
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim == 0:
+            if self.heads > 0 and self.hidden % self.heads:
+                raise SpecError(
+                    "heads",
+                    f"'heads' must divide 'hidden': hidden={self.hidden}, heads={self.heads}",
+                    "use a divisor of hidden, or give head_dim explicitly",
+                )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         _check_model(self)
 
@@ -197,8 +203,6 @@ class ModelSpec:
             "layers": self.layers,
             "hidden": self.hidden,
             "heads": self.heads,
-            "kv_heads": self.kv_heads,
-            "head_dim": self.head_dim,
             "ffn_hidden": self.ffn_hidden,
             "vocab": self.vocab,
             "gated_mlp": self.gated_mlp,
@@ -210,6 +214,11 @@ class ModelSpec:
             "dropout": self.dropout,
             "seq_len": self.seq_len,
         }
+        # Derived defaults stay implicit, so that a --set of heads or hidden re-derives them.
+        if self.kv_heads != self.heads:
+            out["kv_heads"] = self.kv_heads
+        if self.head_dim != self.hidden // self.heads or self.hidden % self.heads:
+            out["head_dim"] = self.head_dim
         if self.description:
             out["description"] = self.description
         if self.source:
@@ -277,8 +286,6 @@ def _check_model(m: ModelSpec) -> None:
             f"'kv_heads' must divide 'heads': heads={m.heads}, kv_heads={m.kv_heads}",
             "use a divisor of heads (kv_heads = heads for multi-head attention)",
         )
-    if m.hidden % m.heads and m.head_dim * m.heads == 0:
-        raise SpecError("heads", f"'heads' must divide 'hidden': hidden={m.hidden}, heads={m.heads}", "set head_dim")
     if m.gated_mlp != (m.activation in ("swiglu", "geglu")):
         raise SpecError(
             "gated_mlp",

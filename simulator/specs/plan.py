@@ -143,6 +143,9 @@ class PlanSpec:
             "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
             "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),
         }
+        if gpus is not None and "gpus" not in raw and gpus < 1:
+            # A count from the caller (--gpus) gets the same range check as one written in the file.
+            raise SpecError(f"{where}: gpus", f"must be >= 1, got {gpus}", "use a positive GPU count")
         gpus = g.integer("gpus", gpus, minimum=1)
         g.done(ignore=("name", "description"))
         if kwargs["schedule"] == "interleaved" and kwargs["vp"] is not None and kwargs["vp"] < 2:

@@ -53,6 +53,7 @@ def test_simulate_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (CLI JSON): the documented keys, per-stage memory with its breakdown, and the time breakdown."""
     code, out, _ = run([*SIM, "--format", "json"], capsys)
     assert code == 0
     data = json.loads(out)
@@ -85,6 +86,7 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
 
 
 def test_free_knobs_are_chosen_and_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (free knobs): the four free knobs appear under chosen in the CLI output."""
     argv = [
         "simulate",
         "--model",
@@ -109,6 +111,7 @@ def test_free_knobs_are_chosen_and_reported(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_what_if_faster_network(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (what-if): a faster NIC shortens a network-bound step."""
     argv = [
         "simulate",
         "--model",
@@ -139,6 +142,7 @@ def test_what_if_faster_network(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_infeasible_memory_is_an_answer_with_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3: GPT-3 175B on 8 A100s is infeasible: exit 3, the stage and bytes over in the answer."""
     argv = [
         "simulate",
         "--model",
@@ -161,6 +165,7 @@ def test_infeasible_memory_is_an_answer_with_exit_3(capsys: pytest.CaptureFixtur
 
 
 def test_trace_is_chrome_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (trace): one process per stage, idle slices, byte-identical twice."""
     trace = tmp_path / "trace.json"
     code, _, _ = run([*SIM, "--trace", str(trace)], capsys)
     assert code == 0
@@ -198,6 +203,7 @@ def test_models_and_hardware_listings(capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.parametrize("fmt", ["table", "json", "dot"])
 def test_graph_formats(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (graph): table, json and dot formats, with the Llama 3 405B total."""
     code, out, _ = run(
         ["graph", "--model", "llama3-405b", "--seq-len", "4096", "--micro-batch", "2", "--format", fmt], capsys
     )
@@ -215,6 +221,7 @@ def test_graph_formats(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_every_shipped_yaml_checks(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2: every shipped YAML passes clustersim check."""
     files = []
     for folder in KINDS.values():
         files += sorted((ROOT / folder).glob("*.yaml"))
@@ -225,6 +232,7 @@ def test_every_shipped_yaml_checks(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_library_root_is_the_repository() -> None:
+    """Issue 2: in a checkout the repository is a library root (the wheel layout: tests/unit/test_packaging.py)."""
     assert ROOT in data_roots()
 
 

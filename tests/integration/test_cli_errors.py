@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -146,6 +147,14 @@ ARG_CASES = [
     ([*SIM, "--set", "device.hbm_bandwidth_gb_per_s=fast"], ["hbm_bandwidth_gb_per_s", "must be a number"]),
     (["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--tp", "8"], ["--global-batch", "required"]),
     (
+        ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--gpus", "0", "--global-batch", "8"],
+        ["command line: gpus", "must be >= 1, got 0"],
+    ),
+    (
+        ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "8", "--attention", "fused"],
+        ["attention", "(did you mean 'unfused'?)"],
+    ),
+    (
         ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--tp", "x", "--global-batch", "8"],
         ["argument --tp", "invalid int value"],
     ),
@@ -188,3 +197,158 @@ def test_impossible_plans_exit_3(extra: list[str], fragment: str, capsys: pytest
     assert code == 3
     assert fragment in err
     assert "Traceback" not in err
+
+
+# -- plan files, --set values, HF configs given to --model, output paths (issue 2: bad files and arguments) ---
+
+PLAN_CASES = [
+    ("tpp: 8\nglobal_batch: 8\n", ["plan.yaml + command line: tpp", "unknown key (did you mean 'tp'?)"]),
+    ("tp: 8\ntp: 4\nglobal_batch: 8\n", ["plan.yaml: line 2", "duplicate key 'tp' (first defined on line 1)"]),
+    ("tp: 8\nglobal_batch: 8e3\n", ["global_batch", "text '8e3'", "exponent notation"]),
+    ('tp: "8"\nglobal_batch: 8\n', ["tp: must be a whole number, got the text '8'", "remove the quotes: write 8"]),
+    ("tp: 8\nglobal_batch: 8\nschedule: interleave\n", ["schedule", "(did you mean 'interleaved'?)"]),
+    ("tp: 8\nglobal_batch: 8\nrecompute: yes\n", ["recompute", "must be one of none, selective, full"]),
+    ("tp: 8\nglobal_batch: 8\nzero_stage: 5\n", ["zero_stage", "must be <= 3, got 5"]),
+    ("tp: 8\nglobal_batch: 8\ngrad_overlap: 1\n", ["grad_overlap", "must be true or false, got 1"]),
+    ("- tp: 8\n", ["plan.yaml", "must be a mapping of plan keys"]),
+    ("tp: [8\n", ["plan.yaml: line", "not valid YAML"]),
+]
+
+
+@pytest.mark.parametrize(("content", "fragments"), PLAN_CASES, ids=[f"plan{i}" for i in range(len(PLAN_CASES))])
+def test_bad_plan_files_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, fragments: list[str]
+) -> None:
+    """Issue 2 (bad files): a bad ``--plan`` YAML is answered with where, what and fix, exit 2."""
+    (tmp_path / "plan.yaml").write_text(content)
+    argv = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--gpus", "64"]
+    code = main([*argv, "--plan", str(tmp_path / "plan.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    _check_message(err, fragments)
+
+
+SET_CASES = [
+    (["--set", "plan.tp=abc"], ["command line: tp", "must be a whole number, got the text 'abc'"]),
+    (["--set", "plan.tpp=2"], ["tpp", "unknown key (did you mean 'tp'?)"]),
+    (["--set", "model.layrs=4"], ["--set model.* overrides", "layrs", "(did you mean 'layers'?)"]),
+    (["--set", "model.heads=7"], ["--set model.* overrides", "'heads' must divide 'hidden'"]),
+    (["--set", "model.kv_heads=5"], ["kv_heads", "'kv_heads' must divide 'heads': heads=96, kv_heads=5"]),
+    (["--set", "model.moe.top_k=2"], ["--set model.moe.top_k", "'moe' is not a mapping"]),
+    (["--set", "cluster.nics_per_node=-1"], ["--set cluster.* overrides", "nics_per_node", "must be >= 1, got -1"]),
+    (["--set", "cluster.nics_per_node=4.5"], ["nics_per_node", "must be a whole number, got 4.5"]),
+    (["--set", "device.hbm_gib=1e3"], ["--set device.* overrides", "hbm_gib", "text '1e3'", "exponent"]),
+    (["--set", "device.peak_tflops_bf16=0"], ["peak_tflops_bf16", "must be > 0, got 0"]),
+    (["--set", "devce.hbm_gib=80"], ["--set devce.hbm_gib=80", "unknown scope 'devce' (did you mean 'device'?)"]),
+    (["--set", "cluster=4"], ["--set cluster=4", "must look like scope.key=value"]),
+]
+
+
+@pytest.mark.parametrize("extra", [c[0] for c in SET_CASES], ids=[c[0][1] for c in SET_CASES])
+def test_bad_set_options_exit_2(extra: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (bad arguments): ``--set`` with a bad scope, key or value names it, says why, exits 2."""
+    fragments = next(c[1] for c in SET_CASES if c[0] == extra)
+    code = main([*SIM, *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    _check_message(err, fragments)
+
+
+def test_bad_hf_config_given_to_model_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (bad files): an HF config.json passed to ``--model`` is checked like any model file, and the
+    error names the config's own key (num_key_value_heads), not the spec's."""
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 5,
+        "num_hidden_layers": 2,
+        "intermediate_size": 11008,
+        "vocab_size": 32000,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code = main(["simulate", "--model", str(tmp_path / "config.json"), "--cluster", "dgx-h100", "--global-batch", "8"])
+    err = capsys.readouterr().err
+    assert code == 2
+    _check_message(err, ["config.json: num_key_value_heads", "'kv_heads' must divide 'heads'"])
+
+
+HF_CHECK_CASES = [
+    ({"model_type": "llama", "num_attention_heads": 32}, ["config.json: hidden_size", "is required but missing"]),
+    (
+        {
+            "model_type": "mixtral",
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+            "num_local_experts": 8,
+        },
+        ["num_experts_per_tok", "is required but missing"],
+    ),
+    (
+        {"model_type": "gpt2", "n_embd": "768", "n_layer": 12, "n_head": 12, "vocab_size": 50257},
+        ["n_embd", "must be a whole number, got the text '768'"],
+    ),
+    (
+        {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "vocab_size": 100,
+            "hidden_act": "tanh",
+        },
+        ["hidden_act", "unsupported activation 'tanh'"],
+    ),
+    ([1, 2], ["config.json", "expected a mapping"]),
+]
+
+
+@pytest.mark.parametrize("cfg", [c[0] for c in HF_CHECK_CASES], ids=[f"hf{i}" for i in range(len(HF_CHECK_CASES))])
+def test_check_rejects_bad_hf_configs(cfg: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (bad files): ``check config.json`` reports missing keys, wrong types and unsupported values."""
+    fragments = next(c[1] for c in HF_CHECK_CASES if c[0] == cfg)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code = main(["check", str(tmp_path / "config.json")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    _check_message(err, fragments)
+
+
+@pytest.mark.parametrize("option", ["--trace", "--out"])
+def test_unwritable_output_exits_2(option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (bad arguments): an output path in a missing folder is bad input (exit 2), not a traceback."""
+    target = str(tmp_path / "missing" / "out.file")
+    if option == "--trace":
+        argv = [*SIM, "--recompute", "full", "--trace", target]
+    else:
+        csv = Path(__file__).resolve().parents[2] / "data" / "validation" / "published_runs.csv"
+        rows = csv.read_text().splitlines()
+        (tmp_path / "few.csv").write_text("\n".join(rows[:2]) + "\n")
+        argv = ["validate", str(tmp_path / "few.csv"), "--out", target]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    _check_message(err, [f"{option} {target}", "cannot be written", "check the folder"])
+
+
+def test_directory_given_as_a_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (bad arguments): a folder where a CSV is expected is reported, not a traceback."""
+    assert main(["validate", str(tmp_path)]) == 2
+    _check_message(capsys.readouterr().err, [str(tmp_path), "is a directory"])
+
+
+@pytest.mark.parametrize(
+    "content", ["tp: 8\npp: 2\nglobal_batch: 16\n", "tp: 8\nglobal_batch: 16\ngpus: 64\n", "dp: 4\nglobal_batch: 8\n"]
+)
+def test_check_accepts_plan_files_without_a_gpu_count(
+    content: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 2: a plan file that leaves dp and gpus to ``simulate --gpus`` is valid for ``check`` (found by
+    this test: check assumed 1 GPU and rejected tp=8)."""
+    (tmp_path / "plan.yaml").write_text(content)
+    assert main(["check", str(tmp_path / "plan.yaml")]) == 0
+    assert "(plan)" in capsys.readouterr().out

@@ -46,6 +46,7 @@ def _pipe(
 
 @pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (8, 32), (4, 1)])
 def test_one_f_one_b_bubble(p: int, m: int) -> None:
+    """Issue 3 (1F1B): with p uniform stages, m micro-batches and free links the bubble is (p−1)/(m+p−1), within 1%."""
     r = simulate_pipeline(_pipe("1f1b", p, m))
     ideal = m * 3.0
     bubble = 1 - ideal / r.step_time_s
@@ -53,6 +54,7 @@ def test_one_f_one_b_bubble(p: int, m: int) -> None:
 
 
 def test_gpipe_takes_as_long_as_one_f_one_b() -> None:
+    """Issue 3: GPipe and 1F1B have the same bubble, so the same step time."""
     a = simulate_pipeline(_pipe("gpipe", 4, 8))
     b = simulate_pipeline(_pipe("1f1b", 4, 8))
     assert a.step_time_s == pytest.approx(b.step_time_s)
@@ -60,6 +62,7 @@ def test_gpipe_takes_as_long_as_one_f_one_b() -> None:
 
 @pytest.mark.parametrize("v", [2, 4])
 def test_interleaving_divides_the_bubble_by_about_v(v: int) -> None:
+    """Issue 3 (interleaving): v chunks per stage divide the 1F1B bubble by about v."""
     p, m = 4, 16
     base = simulate_pipeline(_pipe("1f1b", p, m)).step_time_s - m * 3.0
     inter = simulate_pipeline(_pipe("interleaved", p, m, v)).step_time_s - m * 3.0
@@ -67,10 +70,12 @@ def test_interleaving_divides_the_bubble_by_about_v(v: int) -> None:
 
 
 def test_zero_bubble_is_faster_than_one_f_one_b() -> None:
+    """Issue 3 (schedules): ZB-H1 (B and W split) shortens the 1F1B step."""
     assert simulate_pipeline(_pipe("zb_h1", 4, 8)).step_time_s < simulate_pipeline(_pipe("1f1b", 4, 8)).step_time_s
 
 
 def test_breakdown_sums_to_step_time() -> None:
+    """Issue 3 (breakdown): each stage's parts sum to the step time, with transfers and DP buckets."""
     r = simulate_pipeline(_pipe("1f1b", 4, 8, send=0.1, buckets=(0.5, 0.5)))
     for st in r.stages:
         parts = st.compute_s + st.pp_s + st.bubble_s + st.dp_s + st.optimizer_s + sum(v for _, v in st.exposed_s)
@@ -78,23 +83,27 @@ def test_breakdown_sums_to_step_time() -> None:
 
 
 def test_gradient_overlap_hides_reduction() -> None:
+    """Issue 3 (grad_overlap): overlapping gradient buckets with the last backward shortens the step."""
     slow = simulate_pipeline(_pipe("1f1b", 2, 4, buckets=(0.5, 0.5, 0.5), overlap=False)).step_time_s
     fast = simulate_pipeline(_pipe("1f1b", 2, 4, buckets=(0.5, 0.5, 0.5), overlap=True)).step_time_s
     assert fast < slow
 
 
 def test_step_is_never_shorter_than_the_critical_path() -> None:
+    """Issue 3 (post-run checks): step >= dependency critical path."""
     r = simulate_pipeline(_pipe("interleaved", 4, 8, 2, send=0.05))
     assert r.step_time_s >= r.critical_path_s
 
 
 def test_transfers_are_timed() -> None:
+    """Issue 3 (PP): non-zero send times lengthen the step."""
     without = simulate_pipeline(_pipe("1f1b", 4, 8)).step_time_s
     with_send = simulate_pipeline(_pipe("1f1b", 4, 8, send=0.2)).step_time_s
     assert with_send > without
 
 
 def test_deadlock_is_reported() -> None:
+    """Issue 3 (post-run checks): a schedule that cannot finish every task is reported as a deadlock."""
     inp = _pipe("1f1b", 2, 2)
     bad = inp.stages[1]
     # Stage 1 asks for its backward before its forward: a schedule no engine can run.
@@ -114,3 +123,49 @@ def test_deadlock_is_reported() -> None:
                 stages=(inp.stages[0], broken), vp=1, send_fwd_s=(0, 0), send_bwd_s=(0, 0), grad_overlap=False
             )
         )
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 8, 2), (4, 8, 2), (4, 16, 4), (8, 32, 2), (8, 16, 4)])
+def test_interleaved_bubble_is_the_one_f_one_b_bubble_over_v(p: int, m: int, v: int) -> None:
+    """Issue 3 (interleaving): with free communication, interleaved 1F1B's idle time is (p−1)·(t_f+t_b)/v
+    (Narayanan et al. SC21, Sec. 2.2.2), i.e. 1F1B's divided by v, within 1%."""
+    ideal = m * 3.0
+    inter = simulate_pipeline(_pipe("interleaved", p, m, v)).step_time_s - ideal
+    base = simulate_pipeline(_pipe("1f1b", p, m)).step_time_s - ideal
+    assert inter == pytest.approx((p - 1) * 3.0 / v, rel=0.01)
+    assert base / inter == pytest.approx(v, rel=0.01)
+
+
+@pytest.mark.parametrize(("f", "b"), [(1.0, 1.0), (1.0, 3.0), (2.0, 1.0)])
+def test_one_f_one_b_bubble_for_any_forward_backward_ratio(f: float, b: float) -> None:
+    """Issue 3 (1F1B): the bubble fraction is (p−1)/(m+p−1) whatever the forward/backward split, within 1%."""
+    p, m = 4, 12
+    step = simulate_pipeline(_pipe("1f1b", p, m, f=f, b=b)).step_time_s
+    assert 1 - m * (f + b) / step == pytest.approx((p - 1) / (m + p - 1), rel=0.01)
+
+
+def test_pipeline_timeline_pairs() -> None:
+    """Issue 3 (engine): the whole (stage, task, start, end) record of a 2-stage, 3-micro-batch 1F1B step with
+    t_f=1, t_b=2 and free links, compared as one list (SimPy-style)."""
+    inp = _pipe("1f1b", 2, 3)
+    r = simulate_pipeline(
+        PipelineInput(
+            stages=inp.stages, vp=1, send_fwd_s=(0.0, 0.0), send_bwd_s=(0.0, 0.0), grad_overlap=False, record=True
+        )
+    )
+    got = sorted((s, name, start, end) for s, stream, name, start, end in r.timeline if stream == "compute")
+    assert got == [
+        (0, "B0.0", 4.0, 6.0),
+        (0, "B1.0", 7.0, 9.0),
+        (0, "B2.0", 10.0, 12.0),
+        (0, "F0.0", 0.0, 1.0),
+        (0, "F1.0", 1.0, 2.0),
+        (0, "F2.0", 6.0, 7.0),
+        (1, "B0.0", 2.0, 4.0),
+        (1, "B1.0", 5.0, 7.0),
+        (1, "B2.0", 8.0, 10.0),
+        (1, "F0.0", 1.0, 2.0),
+        (1, "F1.0", 4.0, 5.0),
+        (1, "F2.0", 7.0, 8.0),
+    ]
+    assert r.step_time_s == 12.0

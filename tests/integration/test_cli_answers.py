@@ -1,0 +1,323 @@
+"""Issue 3 (CLI): what-ifs, model and cluster references, the trace file, ``graph`` totals, determinism of
+``simulate`` and ``validate`` output. Each test runs :func:`simulator.cli.main` on small configurations."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+from simulator.graph.transformer import build_graph
+from simulator.specs.library import find_file, load_cluster, load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def simulate_json(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    code, out, err = run([*argv, "--format", "json"], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+LLAMA8 = [
+    "simulate",
+    "--model",
+    "llama3-8b",
+    "--cluster",
+    "dgx-h100",
+    "--gpus",
+    "64",
+    "--tp",
+    "2",
+    "--pp",
+    "2",
+    "--global-batch",
+    "64",
+    "--micro-batch",
+    "1",
+    "--recompute",
+    "selective",
+    "--vp",
+    "1",
+    "--no-grad-overlap",
+    "--seq-len",
+    "4096",
+]
+
+
+def test_fewer_nics_never_speed_up_and_here_slow_down(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (what-if): --set cluster.nics_per_node=4 halves the scale-out bandwidth of a DGX H100: the
+    data-parallel reduction (dp=16 across nodes, not overlapped) takes longer and so does the step."""
+    base = simulate_json(LLAMA8, capsys)
+    fewer = simulate_json([*LLAMA8, "--set", "cluster.nics_per_node=4"], capsys)
+    assert fewer["breakdown"]["dp_exposed_s"] > base["breakdown"]["dp_exposed_s"]
+    assert fewer["step_time_s"] > base["step_time_s"]
+
+
+def test_faster_hbm_speeds_up(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (what-if): --set device.hbm_bandwidth_gb_per_s=4800 (H200-class HBM on an H100) shortens the
+    step: memory-bound kernels (norms, optimizer) get faster."""
+    base = simulate_json(LLAMA8, capsys)
+    fast = simulate_json([*LLAMA8, "--set", "device.hbm_bandwidth_gb_per_s=4800"], capsys)
+    assert fast["step_time_s"] < base["step_time_s"]
+    assert fast["breakdown"]["optimizer_s"] == pytest.approx(base["breakdown"]["optimizer_s"] * 3350 / 4800, rel=0.05)
+
+
+def test_two_what_ifs_combine(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (what-if): both --set options of the issue apply together; each changes the answer."""
+    both = simulate_json(
+        [*LLAMA8, "--set", "cluster.nics_per_node=4", "--set", "device.hbm_bandwidth_gb_per_s=4800"], capsys
+    )
+    nics = simulate_json([*LLAMA8, "--set", "cluster.nics_per_node=4"], capsys)
+    hbm = simulate_json([*LLAMA8, "--set", "device.hbm_bandwidth_gb_per_s=4800"], capsys)
+    assert both["step_time_s"] < nics["step_time_s"]
+    assert both["step_time_s"] > hbm["step_time_s"]
+
+
+def test_model_by_yaml_path_and_hf_config_equal_the_built_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 3 (--model): a built-in name, a path to its YAML and an equivalent HF config.json give the same
+    step time."""
+    by_name = simulate_json(LLAMA8, capsys)
+    yaml_path = find_file("model", "llama3-8b")
+    by_yaml = simulate_json([*LLAMA8, "--model", str(yaml_path)], capsys)
+    config = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 128256,
+        "max_position_embeddings": 8192,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    by_hf = simulate_json([*LLAMA8, "--model", str(tmp_path / "config.json")], capsys)
+    assert by_yaml["step_time_s"] == by_name["step_time_s"]
+    assert by_hf["step_time_s"] == pytest.approx(by_name["step_time_s"], rel=1e-12)
+    assert by_hf["memory"] == by_name["memory"]
+
+
+def test_cluster_by_yaml_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (--cluster): a copy of a built-in cluster file, passed as a path, gives the same answer."""
+    copy = tmp_path / "my-cluster.yaml"
+    shutil.copy(find_file("cluster", "dgx-h100"), copy)
+    by_name = simulate_json(LLAMA8, capsys)
+    by_path = simulate_json([*LLAMA8, "--cluster", str(copy)], capsys)
+    assert by_path["step_time_s"] == by_name["step_time_s"]
+    assert by_path["cluster"] == "dgx-h100"
+
+
+def test_memory_breakdown_adds_up(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (JSON output): each stage's memory lists its categories and their sum is its total."""
+    data = simulate_json(LLAMA8, capsys)
+    assert [m["stage"] for m in data["memory"]] == [0, 1]
+    for m in data["memory"]:
+        parts = ("weights_bytes", "gradients_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")
+        assert sum(m[k] for k in parts) == pytest.approx(m["total_bytes"])
+        assert m["capacity_bytes"] == load_cluster("dgx-h100").device.hbm_bytes
+    assert sum(data["breakdown"].values()) == pytest.approx(data["step_time_s"], rel=1e-9)
+    assert data["tokens_per_s"] == pytest.approx(64 * 4096 / data["step_time_s"])
+
+
+# -- trace --------------------------------------------------------------------------------------------------
+
+TRACE_ARGS = [
+    "simulate",
+    "--model",
+    "llama3-8b",
+    "--cluster",
+    "dgx-h100",
+    "--gpus",
+    "8",
+    "--pp",
+    "4",
+    "--tp",
+    "2",
+    "--global-batch",
+    "8",
+    "--micro-batch",
+    "1",
+    "--recompute",
+    "full",
+    "--vp",
+    "1",
+    "--seq-len",
+    "2048",
+]
+
+
+def _trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict]:
+    path = tmp_path / "t.json"
+    code, _, err = run([*TRACE_ARGS, "--trace", str(path)], capsys)
+    assert code == 0, err
+    data = json.loads(path.read_text())
+    assert set(data) >= {"traceEvents", "displayTimeUnit"}
+    return data["traceEvents"]
+
+
+def test_trace_names_one_process_per_stage_and_one_track_per_stream(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 3 (trace): Chrome/Perfetto metadata names pid s "stage s" and its tids compute, dp, send_fwd,
+    send_bwd; every slice sits on a named track."""
+    events = _trace(tmp_path, capsys)
+    procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {s: f"stage {s}" for s in range(4)}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    for s in range(4):
+        assert [threads[(s, t)] for t in range(4)] == ["compute", "dp", "send_fwd", "send_bwd"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["ph"] for e in events} == {"M", "X"}
+    for e in slices:
+        assert (e["pid"], e["tid"]) in threads
+        assert isinstance(e["ts"], int | float)
+        assert e["ts"] >= 0
+        assert isinstance(e["dur"], int | float)
+        assert e["dur"] >= 0
+    assert {e["tid"] for e in slices} >= {0, 2, 3}
+
+
+def test_trace_compute_tracks_do_not_overlap_and_show_every_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 3 (trace): each stage's compute track runs its 8 forwards and 8 backwards one at a time."""
+    events = _trace(tmp_path, capsys)
+    for s in range(4):
+        track = sorted((e for e in events if e["ph"] == "X" and e["pid"] == s and e["tid"] == 0), key=lambda e: e["ts"])
+        for a, b in itertools.pairwise(track):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-6  # Perfetto rejects misnested slices
+        names = [e["name"] for e in track if e["name"] not in ("idle", "optimizer")]
+        assert sorted(names) == sorted([f"F{i}.0" for i in range(8)] + [f"B{i}.0" for i in range(8)])
+
+
+def test_trace_shows_the_one_f_one_b_bubbles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (trace): 1F1B bubbles are visible: the last stage is idle from t=0 until its first forward
+    arrives, and stage 0 is idle between its p=4 warm-up forwards and the first backward."""
+    events = _trace(tmp_path, capsys)
+
+    def track(s: int) -> list[dict]:
+        return sorted((e for e in events if e["ph"] == "X" and e["pid"] == s and e["tid"] == 0), key=lambda e: e["ts"])
+
+    last = track(3)
+    assert last[0]["name"] == "idle"
+    assert last[0]["ts"] == 0
+    assert last[0]["dur"] > 0
+    first = [e["name"] for e in track(0)]
+    assert first[:6] == ["F0.0", "F1.0", "F2.0", "F3.0", "idle", "B0.0"]
+
+
+def test_trace_is_byte_identical_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (determinism): the trace file has the same bytes on every run."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    run([*TRACE_ARGS, "--trace", str(a)], capsys)
+    run([*TRACE_ARGS, "--trace", str(b)], capsys)
+    assert a.read_bytes() == b.read_bytes()
+
+
+# -- determinism of the JSON outputs ---------------------------------------------------------------------------
+
+
+def test_simulate_json_is_byte_identical_twice(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (determinism): ``simulate --format json`` prints the same bytes twice (free knobs included)."""
+    argv = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--pp", "2"]
+    argv += ["--global-batch", "16", "--seq-len", "2048", "--format", "json"]
+    first = run(argv, capsys)
+    second = run(argv, capsys)
+    assert first == second
+    assert first[0] == 0
+
+
+def test_validate_json_is_byte_identical_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (determinism): ``validate --format json`` prints the same bytes twice."""
+    src = (ROOT / "data" / "validation" / "published_runs.csv").read_text().splitlines()
+    (tmp_path / "few.csv").write_text("\n".join([src[0], *src[1:5]]) + "\n")
+    argv = ["validate", str(tmp_path / "few.csv"), "--format", "json"]
+    first = run(argv, capsys)
+    second = run(argv, capsys)
+    assert first == second
+    assert json.loads(first[1])["summary"]["rows"] == 4
+
+
+# -- graph --------------------------------------------------------------------------------------------------
+
+GRAPH = ["graph", "--model", "gpt3-175b", "--seq-len", "2048", "--micro-batch", "1"]
+
+
+def test_graph_json_rows_add_up_to_the_totals(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (graph): the rows' parameters times their block counts are the model's total; the totals are
+    the published size, the F_MEG21 forward FLOPs per token and Korthikanti's 34·s·b·h (fused kernel) plus the
+    fp32 log-sum-exp."""
+    code, out, _ = run([*GRAPH, "--format", "json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    rows, totals = data["ops"], data["totals"]
+    assert sum(r["params"] * r["count"] for r in rows) == totals["parameters"] == load_model("gpt3-175b").param_count()
+    fwd = sum(r["model_flops"] * r["count"] for r in rows if r["phase"] == "fwd")
+    assert totals["forward_model_flops_per_token"] == pytest.approx(fwd / 2048)
+    assert totals["forward_model_flops_per_token"] == pytest.approx(
+        24 * 96 * 12288**2 * (1 + 2048 / (6 * 12288)) + 2 * 51200 * 12288
+    )
+    assert totals["step_model_flops_per_micro_batch"] == pytest.approx(3 * fwd)
+    assert totals["activation_bytes_per_layer"] == 34 * 2048 * 12288 + 4 * 96 * 2048
+
+
+def test_graph_table_lists_every_row_and_the_totals(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (graph): the table has one line per operator and prints the same totals as the JSON."""
+    _, js, _ = run([*GRAPH, "--format", "json"], capsys)
+    data = json.loads(js)
+    code, table, _ = run([*GRAPH, "--format", "table"], capsys)
+    assert code == 0
+    lines = table.splitlines()
+    for r in data["ops"]:
+        assert any(line.split()[:3] == [r["block"], str(r["count"]), r["op"]] for line in lines), r["op"]
+    for key, value in data["totals"].items():
+        assert f"{key:<34}{value:,.4g}" in lines
+
+
+def test_graph_dot_has_a_node_per_operator(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 2 (graph): DOT output declares one node per operator of the graph and the edges between them."""
+    code, dot, _ = run([*GRAPH, "--format", "dot"], capsys)
+    assert code == 0
+    g = build_graph(load_model("gpt3-175b"), 2048, 1).graph
+    declared = [line for line in dot.splitlines() if "[label=" in line]
+    edges = [line for line in dot.splitlines() if "->" in line]
+    assert len(declared) == g.number_of_nodes()
+    assert len(edges) == g.number_of_edges()
+    assert dot.rstrip().endswith("}")
+
+
+TP8 = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "8", "--global-batch", "8"]
+TP8 += ["--micro-batch", "1", "--recompute", "none", "--vp", "1", "--grad-overlap", "--seq-len", "4096"]
+
+
+def test_faster_nvlink_speeds_up_a_calibrated_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (what-if): doubling NVLink on dgx-h100 (whose collectives come from a measured table) shortens
+    the exposed TP time and the step (found by this test: the measured curves ignored the override)."""
+    base = simulate_json(TP8, capsys)
+    same = simulate_json([*TP8, "--set", "cluster.nvlink_bandwidth_gb_per_s=450"], capsys)
+    fast = simulate_json([*TP8, "--set", "cluster.nvlink_bandwidth_gb_per_s=900"], capsys)
+    assert same["step_time_s"] == base["step_time_s"]
+    assert fast["breakdown"]["tp_exposed_s"] < base["breakdown"]["tp_exposed_s"]
+    assert fast["step_time_s"] < base["step_time_s"]
+
+
+def test_table_shows_the_resolved_sequence_parallel(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 3 (CLI): the layout line shows sequence_parallel as resolved (on by default when tp > 1), not
+    'None' (found by this test)."""
+    code, out, _ = run([a for a in LLAMA8 if a != "--no-grad-overlap"], capsys)
+    assert code == 0
+    assert "sequence_parallel=true" in out

@@ -1,0 +1,174 @@
+"""Issue 2, operator-graph accounting: forward FLOPs per token and activation bytes per layer against the papers.
+
+FLOPs reference (Megatron's F_MEG21, Narayanan et al. SC21, Sec. 5.1 and App.; the same count as PaLM,
+Chowdhery et al. 2022, App. B): without recomputation one forward pass costs, per token,
+
+    2·N_gemm + 4·L·s·h_attn
+
+where N_gemm counts every weight matrix a token multiplies with (the decoder layers' QKV, output, MLP or
+active-expert matrices, the router, and the output projection; not the embedding lookup, norms or biases),
+and 4·L·s·h_attn is the attention scores and context at full s² (2·s·h_attn each per layer; MFU does not
+discount the causal mask). For GPT-3 this is 24·L·h²·(1 + s/(6h)) + 2·V·h.
+
+Activation reference (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", Sec. 4.1, Eq. 1-5): bytes kept per layer per micro-batch with 16-bit activations, MHA, a 4h GELU
+MLP, dropout on and the unfused attention kernel, no parallelism: s·b·h·(34 + 5·a·s/h).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.cost.memory import stage_memory
+from simulator.graph.transformer import build_graph
+from simulator.parallel.layout import resolve_layout
+from simulator.parallel.schedule import generate
+from simulator.parallel.stages import Chunk
+from simulator.specs.hardware import ClusterSpec, DeviceSpec
+from simulator.specs.library import load_model
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+
+
+def _megatron_forward_flops_per_token(m: ModelSpec, s: int) -> float:
+    """F_MEG21 / 3 (no recomputation), generalised to GQA, gated MLPs and top-k experts."""
+    h, d = m.hidden, m.head_dim
+    attn = h * (m.attn_dim + 2 * m.kv_dim) + m.attn_dim * h
+    mats = 3 if m.gated_mlp else 2
+    total = 0.0
+    for i in range(m.layers):
+        if m.moe is not None and m.moe.is_moe_layer(i):
+            mlp = m.moe.top_k * mats * h * m.moe.expert_ffn_hidden + h * m.moe.num_experts
+            mlp += m.moe.shared_experts * mats * h * m.moe.shared_expert_ffn_hidden
+        else:
+            mlp = mats * h * m.ffn_hidden
+        total += 2 * (attn + mlp) + 4 * s * m.heads * d
+    return total + 2 * m.vocab * h
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-405b", "llama3-8b", "mixtral-8x7b"])
+def test_forward_flops_per_token_equal_megatron_formula(name: str) -> None:
+    """Issue 2 (FLOPs): the graph's forward model FLOPs per token equal F_MEG21's forward term exactly."""
+    m = load_model(name)
+    g = build_graph(m, m.seq_len, 1)
+    assert g.forward_model_flops() / g.tokens == pytest.approx(
+        _megatron_forward_flops_per_token(m, m.seq_len), rel=1e-9
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-405b", "mixtral-8x7b"])
+def test_forward_flops_per_token_within_half_a_percent_of_2n(name: str) -> None:
+    """Issue 2 (FLOPs): forward FLOPs per token are within 0.5% of 2·N + 4·L·s·h_attn (Kaplan et al. 2020,
+    Table 1, C_forward = 2N + 2·n_layer·n_ctx·d_attn per matrix pair; here scores and context both counted),
+    with N the parameters used per token (active for MoE) less the input embedding and position tables."""
+    m = load_model(name)
+    g = build_graph(m, m.seq_len, 1)
+    n = m.active_param_count() - (m.embedding_params() - (m.vocab * m.hidden if m.tied_embeddings else 0))
+    reference = 2 * n + 4 * m.layers * m.seq_len * m.attn_dim
+    assert g.forward_model_flops() / g.tokens == pytest.approx(reference, rel=0.005)
+
+
+def test_gpt3_forward_flops_per_token_value() -> None:
+    """Issue 2 (FLOPs): GPT-3 175B at s=2048 costs 358.8 GFLOP per token forward (24·L·h²(1+s/6h) + 2Vh)."""
+    g = build_graph(load_model("gpt3-175b"), 2048, 1)
+    layers, h, s, vocab = 96, 12288, 2048, 51200
+    assert g.forward_model_flops() / g.tokens == pytest.approx(24 * layers * h * h * (1 + s / (6 * h)) + 2 * vocab * h)
+
+
+def test_backward_model_flops_are_twice_forward() -> None:
+    """Issue 2 (FLOPs): MFU's step count is 3x forward (backward = 2x forward, no recomputation)."""
+    g = build_graph(load_model("llama3-8b"), 8192, 2)
+    assert g.step_model_flops() == pytest.approx(3 * g.forward_model_flops(), rel=1e-12)
+
+
+def test_graph_parameters_equal_the_spec() -> None:
+    """Issue 2 (graph): the operators own exactly the spec's parameters (nothing lost or double counted)."""
+    for name in ("gpt3-175b", "llama3-405b", "mixtral-8x7b", "qwen3-235b-a22b"):
+        m = load_model(name)
+        assert build_graph(m, 1024, 1).params() == m.param_count(), name
+
+
+# -- activation memory (Korthikanti et al. 2022) ---------------------------------------------------------
+
+S, B, H, A = 2048, 2, 1024, 16
+KORTHIKANTI = ModelSpec(
+    name="k", layers=8, hidden=H, heads=A, ffn_hidden=4 * H, vocab=1000, seq_len=S, dropout=True, bias=True
+)
+DEVICE = DeviceSpec(name="d", peak_flops=(("bf16", 1e15),), hbm_bytes=1e15, hbm_bandwidth_bytes_per_s=1e12)
+CLUSTER = ClusterSpec(
+    name="c",
+    device=DEVICE,
+    gpus_per_node=8,
+    nvlink_bandwidth_bytes_per_s=3e11,
+    nics_per_node=8,
+    nic_bandwidth_bytes_per_s=5e10,
+)
+SBH = S * B * H
+
+
+def _layer_activations(layers: int, *, tp: int = 1, sp: bool = False, recompute: str = "none", kernel: str = "unfused"):
+    """Activation bytes one rank keeps for a chunk of ``layers`` decoder layers and one micro-batch in flight."""
+    plan = PlanSpec(
+        tp=tp,
+        global_batch=B,
+        micro_batch=B,
+        sequence_parallel=sp,
+        recompute=recompute,
+        grad_overlap=False,
+        attention=kernel,
+        vp=1,
+    )
+    layout = resolve_layout(KORTHIKANTI, CLUSTER, plan)
+    graph = build_graph(KORTHIKANTI, S, B, kernel)
+    chunk = Chunk(stage=0, chunk=0, blocks=(("layer.dense", layers),), layers=layers)
+    return stage_memory(graph, layout, (chunk,), generate("1f1b", 1, 1)[0], DEVICE.hbm_bytes).activations
+
+
+def test_activations_per_layer_match_korthikanti() -> None:
+    """Issue 2 (activations): no parallelism, unfused kernel: s·b·h·(34 + 5·a·s/h) per layer, within 2%."""
+    expected = SBH * (34 + 5 * A * S / H)
+    assert _layer_activations(4) / 4 == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_and_sequence_parallel_divide_by_t(t: int) -> None:
+    """Issue 2 (activations): TP with sequence parallelism keeps s·b·h·(34 + 5·a·s/h)/t (Korthikanti Eq. 5)."""
+    expected = SBH * (34 + 5 * A * S / H) / t
+    assert _layer_activations(4, tp=t, sp=True) / 4 == pytest.approx(expected, rel=0.02)
+
+
+def test_tensor_parallel_without_sequence_parallel() -> None:
+    """Issue 2 (activations): TP alone keeps s·b·h·(10 + 24/t + 5·a·s/(h·t)) (Korthikanti Eq. 3)."""
+    t = 4
+    expected = SBH * (10 + 24 / t + 5 * A * S / (H * t))
+    assert _layer_activations(4, tp=t, sp=False) / 4 == pytest.approx(expected, rel=0.02)
+
+
+@pytest.mark.parametrize(("t", "sp"), [(1, False), (4, True)])
+def test_selective_recompute_drops_the_s_squared_term(t: int, sp: bool) -> None:
+    """Issue 2 (activations): selective recomputation keeps 34·s·b·h/t (Korthikanti Eq. 6)."""
+    assert _layer_activations(4, tp=t, sp=sp, recompute="selective") / 4 == pytest.approx(34 * SBH / t, rel=0.02)
+
+
+def test_fused_attention_kernel_drops_the_s_squared_term() -> None:
+    """Issue 2 (activations): with the fused (FlashAttention) kernel the 5·a·s/h term vanishes: 34·s·b·h."""
+    assert _layer_activations(4, kernel="flash") / 4 == pytest.approx(34 * SBH, rel=0.02)
+
+
+def test_full_recompute_keeps_only_the_layer_input() -> None:
+    """Issue 2 (activations): full recomputation keeps 2·s·b·h per layer (Korthikanti Sec. 5), plus one
+    layer's full working set while it is recomputed (the difference between 6 and 2 layers isolates the
+    per-layer part)."""
+    per_layer = (_layer_activations(6, recompute="full") - _layer_activations(2, recompute="full")) / 4
+    assert per_layer == pytest.approx(2 * SBH, rel=0.02)
+    working = _layer_activations(2, recompute="full") - 2 * (2 * SBH)
+    assert working == pytest.approx(SBH * (34 + 5 * A * S / H), rel=0.02)
+
+
+def test_full_recompute_input_is_split_by_sequence_parallel() -> None:
+    """Issue 2 (activations): with TP+SP the kept layer input is 2·s·b·h/t."""
+    t = 8
+    per_layer = (
+        _layer_activations(6, tp=t, sp=True, recompute="full") - _layer_activations(2, tp=t, sp=True, recompute="full")
+    ) / 4
+    assert per_layer == pytest.approx(2 * SBH / t, rel=0.02)

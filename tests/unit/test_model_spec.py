@@ -1,0 +1,34 @@
+"""Issue 2, model specs: cross-field rules and the YAML round trip that ``--set model.*`` what-ifs rely on."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.errors import SpecError
+from simulator.specs.library import load_model
+from simulator.specs.model import ModelSpec
+
+
+def test_heads_must_divide_hidden_without_head_dim() -> None:
+    """Issue 2 (bad files): 12288 hidden over 7 heads is refused unless head_dim is given (found by the
+    ``--set model.heads=7`` battery case: the rule never fired because head_dim was derived first)."""
+    with pytest.raises(SpecError, match=r"'heads' must divide 'hidden': hidden=12288, heads=7"):
+        ModelSpec(name="m", layers=2, hidden=12288, heads=7, ffn_hidden=4, vocab=10)
+    explicit = ModelSpec(name="m", layers=2, hidden=12288, heads=7, head_dim=128, ffn_hidden=4, vocab=10)
+    assert explicit.attn_dim == 896
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "llama3-405b", "mixtral-8x7b", "qwen3-235b-a22b"])
+def test_mapping_round_trip(name: str) -> None:
+    """Issue 2: ``from_mapping(to_mapping(m)) == m`` for built-in models (dense, GQA, MoE, explicit head_dim)."""
+    m = load_model(name)
+    assert ModelSpec.from_mapping(m.to_mapping(), "round trip") == m
+
+
+def test_changing_heads_of_an_mha_model_keeps_it_mha() -> None:
+    """Issue 3 (what-if): ``--set model.heads=64`` on GPT-3 (MHA) re-derives kv_heads and head_dim instead of
+    keeping 96 KV heads of 128 (which made the what-if an error)."""
+    m = load_model("gpt3-175b", {"heads": 64})
+    assert (m.heads, m.kv_heads, m.head_dim) == (64, 64, 192)
+    gqa = load_model("llama3-8b", {"hidden": 2048})
+    assert (gqa.kv_heads, gqa.head_dim) == (8, 64)

@@ -1,0 +1,47 @@
+"""Issue 2, "a non-editable install finds the built-in models": the wheel carries models/ and
+hardware_profiles/ as ``simulator/_data/``, and the library looks there first."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from simulator.specs import library
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_includes_the_library_under_the_package() -> None:
+    """Issue 2: pyproject force-includes models/ and hardware_profiles/ as simulator/_data/... in the wheel."""
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = cfg["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert include == {"models": "simulator/_data/models", "hardware_profiles": "simulator/_data/hardware_profiles"}
+
+
+def test_installed_layout_is_found_without_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 2: with the package installed elsewhere (site-packages/simulator/_data/..., no repository next to
+    it), built-in names resolve to the copies inside the package."""
+    site = tmp_path / "site-packages"
+    package = site / "simulator"
+    shutil.copytree(ROOT / "models", package / "_data" / "models")
+    shutil.copytree(ROOT / "hardware_profiles", package / "_data" / "hardware_profiles")
+    monkeypatch.setattr(library, "_PACKAGE", package)
+    monkeypatch.delenv("CLUSTERSIM_PATH", raising=False)
+    assert library.data_roots() == (package / "_data",)
+    assert library.find_file("model", "gpt3-175b") == package / "_data" / "models" / "gpt3-175b.yaml"
+    assert library.find_file("cluster", "dgx-h100").is_relative_to(package / "_data")
+    assert len(library.list_names("model")) == len(list((ROOT / "models").glob("*.yaml")))
+
+
+def test_clustersim_path_is_searched_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 2: a folder in CLUSTERSIM_PATH overrides a built-in file of the same name."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "gpt3-175b.yaml").write_text(
+        "name: gpt3-175b\nlayers: 2\nhidden: 64\nheads: 4\nffn_hidden: 256\nvocab: 100\n"
+    )
+    monkeypatch.setenv("CLUSTERSIM_PATH", str(tmp_path))
+    assert library.data_roots()[0] == tmp_path
+    assert library.load_model("gpt3-175b").layers == 2

@@ -1,0 +1,252 @@
+"""Issue 3, "every parallel dimension actually changes the work": each degree or knob adds the collectives the
+Megatron-LM layout implies, shards the operators it should, and moves the simulated step the right way.
+
+Programs are inspected through :func:`simulator.parallel.program.build_programs` (what one rank runs for a
+chunk of layers); end-to-end effects through :func:`simulator.run.simulate`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from simulator.errors import InfeasiblePlanError
+from simulator.graph.transformer import build_graph
+from simulator.parallel.layout import resolve_layout
+from simulator.parallel.program import Comm, build_programs
+from simulator.run import simulate
+from simulator.specs.hardware import ClusterSpec, DeviceSpec
+from simulator.specs.library import load_cluster
+from simulator.specs.model import ModelSpec, MoESpec
+from simulator.specs.plan import PlanSpec
+
+DENSE = ModelSpec(name="dense", layers=4, hidden=1024, heads=16, kv_heads=8, ffn_hidden=4096, vocab=8192, seq_len=1024)
+MOE = ModelSpec(
+    name="moe",
+    layers=4,
+    hidden=1024,
+    heads=16,
+    ffn_hidden=4096,
+    vocab=8192,
+    seq_len=1024,
+    gated_mlp=True,
+    activation="swiglu",
+    moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=2048),
+)
+DEVICE = DeviceSpec(
+    name="dev",
+    peak_flops=(("bf16", 400e12), ("fp16", 400e12)),
+    hbm_bytes=80 * 2**30,
+    hbm_bandwidth_bytes_per_s=2e12,
+)
+CLUSTER = ClusterSpec(
+    name="c",
+    device=DEVICE,
+    gpus_per_node=8,
+    nvlink_bandwidth_bytes_per_s=100e9,
+    nics_per_node=4,
+    nic_bandwidth_bytes_per_s=12.5e9,
+)
+
+
+def _plan(**kw: object) -> PlanSpec:
+    base: dict[str, object] = {
+        "global_batch": 8,
+        "micro_batch": 1,
+        "recompute": "none",
+        "grad_overlap": True,
+        "vp": 1,
+        "dp": 1,
+    }
+    base.update(kw)
+    return PlanSpec(**base)  # type: ignore[arg-type]
+
+
+def _comms(model: ModelSpec, plan: PlanSpec) -> list[Comm]:
+    layout = resolve_layout(model, CLUSTER, plan.with_(seq_len=plan.seq_len or model.seq_len))
+    graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
+    kind = "layer.moe" if model.moe is not None else "layer.dense"
+    progs = build_programs(graph, layout, ((kind, 2),))
+    return [s.work for prog in progs for s in prog if isinstance(s.work, Comm)]
+
+
+def _collectives(model: ModelSpec, plan: PlanSpec, kind: str) -> Counter[str]:
+    return Counter(c.collective for c in _comms(model, plan) if c.kind == kind)
+
+
+def test_no_parallelism_no_collectives() -> None:
+    """Issue 3: with every degree 1 a rank's programs contain no collective at all."""
+    assert _comms(DENSE, _plan()) == []
+
+
+def test_tensor_parallel_all_reduces_without_sequence_parallel() -> None:
+    """Issue 3 (TP): Megatron TP without SP: 2 all-reduces per layer forward and 2 backward."""
+    assert _collectives(DENSE, _plan(tp=4, sequence_parallel=False), "tp") == Counter({"all_reduce": 8})
+
+
+def test_sequence_parallel_turns_all_reduce_into_reduce_scatter_and_all_gather() -> None:
+    """Issue 3 (SP): each all-reduce becomes a reduce-scatter plus an all-gather; backward also re-gathers the
+    sequence-split input of the QKV and MLP-up weight gradients (Korthikanti et al. 2022, Sec. 4.2.2)."""
+    got = _collectives(DENSE, _plan(tp=4, sequence_parallel=True), "tp")
+    assert got == Counter({"all_gather": 12, "reduce_scatter": 8})
+    assert "all_reduce" not in got
+
+
+def test_sequence_parallel_moves_the_same_bytes_per_region() -> None:
+    """Issue 3 (SP): an all-gather plus a reduce-scatter of s·b·h carry what one all-reduce of s·b·h carries."""
+    ar = [c for c in _comms(DENSE, _plan(tp=4, sequence_parallel=False)) if c.kind == "tp"]
+    sp = [c for c in _comms(DENSE, _plan(tp=4, sequence_parallel=True)) if c.kind == "tp"]
+    assert {c.size_bytes for c in ar} == {c.size_bytes for c in sp} == {2.0 * 1024 * 1024}
+
+
+def test_context_parallel_adds_ring_exchanges() -> None:
+    """Issue 3 (CP): cp=2 runs the attention core as 2 ring steps with 1 KV exchange each, forward and
+    backward (backward carries KV and its gradient: twice the bytes)."""
+    comms = [c for c in _comms(DENSE, _plan(cp=2)) if c.kind == "cp"]
+    assert Counter(c.collective for c in comms) == Counter({"send_recv": 4})
+    kv_fwd = 2 * 2 * (1024 // 2) * 8 * 64  # 16-bit K and V of the local tokens, kv_heads·head_dim wide
+    assert sorted({c.size_bytes for c in comms}) == [kv_fwd, 2 * kv_fwd]
+
+
+def test_context_parallel_halves_the_attention_work_per_rank() -> None:
+    """Issue 3 (CP): cp=2 halves each rank's attention FLOPs and the tokens of every token-wise op."""
+    layout1 = resolve_layout(DENSE, CLUSTER, _plan(seq_len=1024))
+    layout2 = resolve_layout(DENSE, CLUSTER, _plan(cp=2, seq_len=1024))
+    graph = build_graph(DENSE, 1024, 1)
+
+    def work(layout: object) -> tuple[float, float]:
+        fwd = build_programs(graph, layout, (("layer.dense", 1),))[0]  # type: ignore[arg-type]
+        ops = [s.work for s in fwd if not isinstance(s.work, Comm)]
+        attn = sum(op.flops for op in ops if op.kind == "attention")
+        qkv = next(op for op in ops if op.name == "attn.qkv")
+        return attn, qkv.m
+
+    (a1, m1), (a2, m2) = work(layout1), work(layout2)
+    assert a2 == pytest.approx(a1 / 2)
+    assert m2 == m1 // 2
+
+
+def test_expert_parallel_adds_all_to_all() -> None:
+    """Issue 3 (EP): ep=2 adds a dispatch and a combine all-to-all per MoE layer, forward and backward."""
+    assert _collectives(MOE, _plan(dp=2), "ep") == Counter()
+    assert _collectives(MOE, _plan(dp=2, ep=2), "ep") == Counter({"all_to_all": 8})
+
+
+def test_expert_parallel_spreads_experts() -> None:
+    """Issue 3 (EP): with ep=2 each rank runs half the experts, each on the tokens of both ranks: the same
+    expert FLOPs per rank (the EP group shares the routed tokens) with half the expert weights."""
+
+    def experts(plan: PlanSpec) -> list[object]:
+        layout = resolve_layout(MOE, CLUSTER, plan.with_(seq_len=1024))
+        fwd = build_programs(build_graph(MOE, 1024, 1), layout, (("layer.moe", 1),))[0]
+        return [s.work for s in fwd if getattr(s.work, "name", "") == "moe.experts.up"]
+
+    (one,), (two,) = experts(_plan(dp=2)), experts(_plan(dp=2, ep=2))
+    assert (two.batch, two.m) == (one.batch // 2, one.m * 2)  # type: ignore[attr-defined]
+    assert two.flops == pytest.approx(one.flops)  # type: ignore[attr-defined]
+    assert two.params == one.params // 2  # type: ignore[attr-defined]
+
+
+def test_zero3_gathers_parameters_and_scatters_gradients() -> None:
+    """Issue 3 (ZeRO-3): each layer's parameters are all-gathered before its forward and its backward, and its
+    gradients reduce-scattered; ZeRO 0-2 have no per-layer DP traffic."""
+    for stage in (0, 1, 2):
+        assert _collectives(DENSE, _plan(dp=4, zero_stage=stage), "dp") == Counter()
+    got = _collectives(DENSE, _plan(dp=4, zero_stage=3), "dp")
+    assert got == Counter({"all_gather": 4, "reduce_scatter": 2})
+
+
+def _sim(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec = CLUSTER):  # type: ignore[no-untyped-def]
+    return simulate(model, cluster, plan)
+
+
+def test_context_parallel_communication_is_timed() -> None:
+    """Issue 3 (CP): on a slow fabric the ring exchanges show up as exposed CP time."""
+    slow = ClusterSpec(
+        name="slow",
+        device=DEVICE,
+        gpus_per_node=8,
+        nvlink_bandwidth_bytes_per_s=1e9,
+        nics_per_node=1,
+        nic_bandwidth_bytes_per_s=1e9,
+    )
+    r = _sim(DENSE, _plan(cp=2), slow)
+    assert r.breakdown["cp_exposed_s"] > 0
+    assert _sim(DENSE, _plan(), slow).breakdown["cp_exposed_s"] == 0
+
+
+def test_expert_parallel_communication_is_timed() -> None:
+    """Issue 3 (EP): the dispatch and combine all-to-alls block the compute stream: ep_exposed > 0."""
+    r = _sim(MOE, _plan(dp=2, ep=2))
+    assert r.breakdown["ep_exposed_s"] > 0
+    assert _sim(MOE, _plan(dp=2)).breakdown["ep_exposed_s"] == 0
+
+
+def test_zero3_adds_exposed_data_parallel_time() -> None:
+    """Issue 3 (ZeRO-3): parameter all-gathers over a slow network add data-parallel time."""
+    z1 = _sim(DENSE, _plan(dp=16, global_batch=16, zero_stage=1))
+    z3 = _sim(DENSE, _plan(dp=16, global_batch=16, zero_stage=3))
+    assert z3.step_time_s > z1.step_time_s
+    assert z3.memory[0].weights == pytest.approx(z1.memory[0].weights / 16)
+
+
+def test_full_recompute_adds_one_forward_of_hardware_flops() -> None:
+    """Issue 3 (recompute): full recomputation executes each layer's forward once more, so hardware FLOPs
+    grow by exactly one forward of the decoder layers while model FLOPs (MFU) do not change."""
+    none = _sim(DENSE, _plan(recompute="none"))
+    full = _sim(DENSE, _plan(recompute="full"))
+    graph = build_graph(DENSE, 1024, 1)
+    layer_fwd = sum(op.flops for op in graph.block("layer.dense").forward) * DENSE.layers * 8  # 8 micro-batches
+    assert full.hardware_flops - none.hardware_flops == pytest.approx(layer_fwd, rel=1e-9)
+    assert full.model_flops == none.model_flops
+    assert full.hfu / full.mfu > none.hfu / none.mfu
+    assert full.step_time_s > none.step_time_s
+
+
+def test_selective_recompute_adds_only_the_attention_core() -> None:
+    """Issue 3 (recompute): selective recomputation re-executes the attention core only."""
+    none = _sim(DENSE, _plan(recompute="none"))
+    sel = _sim(DENSE, _plan(recompute="selective"))
+    graph = build_graph(DENSE, 1024, 1)
+    core = sum(op.flops for op in graph.block("layer.dense").forward if op.kind == "attention") * DENSE.layers * 8
+    assert sel.hardware_flops - none.hardware_flops == pytest.approx(core, rel=1e-9)
+
+
+def test_fp8_shortens_gemms_on_h100() -> None:
+    """Issue 3 (FP8): on H100 (FP8 tensor cores) fp8 makes the step of a Llama-3-8B-wide model shorter and
+    leaves MFU's FLOPs alone. (At width 1024 the cast kernels eat the gain, as with Transformer Engine.)"""
+    h100 = load_cluster("dgx-h100")
+    wide = ModelSpec(
+        name="wide",
+        layers=2,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn_hidden=14336,
+        vocab=32000,
+        seq_len=4096,
+        gated_mlp=True,
+        activation="swiglu",
+    )
+    plan = _plan(tp=2, global_batch=4)
+    bf16 = simulate(wide, h100, plan)
+    fp8 = simulate(wide, h100, plan.with_(precision="fp8"))
+    assert fp8.step_time_s < bf16.step_time_s
+    assert fp8.breakdown["compute_s"] < bf16.breakdown["compute_s"]
+    assert fp8.model_flops == bf16.model_flops
+
+
+def test_fp8_is_infeasible_on_a100() -> None:
+    """Issue 3 (FP8): an A100 has no FP8 tensor cores; asking for fp8 is an infeasible plan naming the device."""
+    with pytest.raises(InfeasiblePlanError, match="fp8 needs FP8 tensor cores; A100"):
+        simulate(DENSE, load_cluster("dgx-a100-80g"), _plan(precision="fp8"))
+
+
+def test_tensor_parallel_divides_weights() -> None:
+    """Issue 3 (TP): tp=4 holds a quarter of each layer's weights per rank (embedding vocab-split too)."""
+    one = _sim(DENSE, _plan())
+    four = _sim(DENSE, _plan(tp=4))
+    norms = DENSE.layers * 2 * DENSE.norm_params() + DENSE.norm_params()  # replicated, not split
+    assert four.memory[0].weights == pytest.approx(2 * ((DENSE.param_count() - norms) / 4 + norms), rel=1e-3)
+    assert one.memory[0].weights == 2 * DENSE.param_count()

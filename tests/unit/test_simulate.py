@@ -1,0 +1,167 @@
+"""Issue 3, answers of :func:`simulate` as a whole: memory feasibility, schedules' memory, free knobs, post-run
+checks and determinism."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from simulator.engine import pipeline
+from simulator.errors import SimulatorError
+from simulator.run import simulate
+from simulator.specs.hardware import ClusterSpec, DeviceSpec
+from simulator.specs.library import load_cluster, load_model
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+from simulator.units import fmt_bytes
+
+GPT3 = load_model("gpt3-175b")
+A100 = load_cluster("dgx-a100-80g")
+SMALL = ModelSpec(name="small", layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=8192, seq_len=1024)
+
+
+def test_gpt3_on_eight_a100s_does_not_fit() -> None:
+    """Issue 3: GPT-3 175B on 8 A100s without model sharding is infeasible; the reason names the stage, what
+    it needs and how many bytes it is over."""
+    r = simulate(GPT3, A100, PlanSpec(dp=8, global_batch=8, micro_batch=1, recompute="full", grad_overlap=True))
+    assert r.feasible is False
+    worst = max(r.memory, key=lambda m: m.over)
+    assert worst.over > 2 * 2**40  # 175e9 parameters × 18 bytes is ~2.9 TiB against 80 GiB
+    assert r.reason.startswith(f"out of memory: stage {worst.stage} needs {fmt_bytes(worst.total)} of 80.0 GiB")
+    assert r.reason.endswith(f"{fmt_bytes(worst.over)} over")
+
+
+def test_gpt3_on_64_a100s_with_tp8_pp8_fits() -> None:
+    """Issue 3: the same model fits with tp=8, pp=8 on 64 A100s (selective recomputation, micro-batch 1)."""
+    plan = PlanSpec(tp=8, pp=8, global_batch=64, micro_batch=1, recompute="selective", grad_overlap=True, vp=1)
+    r = simulate(GPT3, A100, plan)
+    assert r.feasible is True
+    assert r.reason == ""
+    assert r.num_gpus == 64
+    assert all(m.total <= m.capacity for m in r.memory)
+    assert len(r.memory) == 8
+
+
+def _fixed(schedule: str) -> PlanSpec:
+    return PlanSpec(pp=4, global_batch=16, micro_batch=1, recompute="none", grad_overlap=False, vp=1, schedule=schedule)
+
+
+def test_gpipe_and_one_f_one_b_take_the_same_time() -> None:
+    """Issue 3: with uniform stages GPipe and 1F1B have the same bubble, hence the same step time."""
+    cluster = load_cluster("dgx-h100")
+    g = simulate(SMALL, cluster, _fixed("gpipe"))
+    f = simulate(SMALL, cluster, _fixed("1f1b"))
+    assert g.step_time_s == pytest.approx(f.step_time_s, rel=1e-9)
+
+
+def test_one_f_one_b_holds_fewer_activations() -> None:
+    """Issue 3: GPipe holds all m=16 micro-batches on every stage, 1F1B at most p−s on stage s (p=4)."""
+    cluster = load_cluster("dgx-h100")
+    g = simulate(SMALL, cluster, _fixed("gpipe"))
+    f = simulate(SMALL, cluster, _fixed("1f1b"))
+    # Stages 1 and 2 hold only decoder layers, so their activations scale with the micro-batches held.
+    for s in (1, 2):
+        assert g.memory[s].activations / f.memory[s].activations == pytest.approx(16 / (4 - s))
+    assert all(gm.total > fm.total for gm, fm in zip(g.memory, f.memory, strict=True))
+
+
+def test_free_knobs_are_chosen_and_reported() -> None:
+    """Issue 3: micro_batch, vp, recompute and grad_overlap left empty are all chosen and reported."""
+    r = simulate(SMALL, load_cluster("dgx-h100"), PlanSpec(pp=2, global_batch=8))
+    assert set(r.chosen) == {"micro_batch", "vp", "recompute", "grad_overlap"}
+    assert r.chosen == {k: getattr(r.plan, k) for k in r.chosen}
+
+
+def test_free_knobs_pick_the_fastest_feasible_plan() -> None:
+    """Issue 3: the choice is the fastest feasible combination: no fixed combination of the four knobs that
+    fits in memory is faster (exhaustive check on a small device where some combinations do not fit)."""
+    device = DeviceSpec(
+        name="small-gpu", peak_flops=(("bf16", 100e12),), hbm_bytes=6.9 * 2**30, hbm_bandwidth_bytes_per_s=1e12
+    )
+    cluster = ClusterSpec(
+        name="small",
+        device=device,
+        gpus_per_node=8,
+        nvlink_bandwidth_bytes_per_s=100e9,
+        nics_per_node=1,
+        nic_bandwidth_bytes_per_s=12.5e9,
+    )
+    model = ModelSpec(name="m", layers=8, hidden=2048, heads=16, ffn_hidden=8192, vocab=8192, seq_len=2048)
+    free = PlanSpec(pp=2, dp=2, global_batch=16)
+    chosen = simulate(model, cluster, free)
+    assert chosen.feasible
+    results = []
+    for mb, vp, rc, go in itertools.product((1, 2, 4, 8), (1, 2, 4), ("none", "selective", "full"), (True, False)):
+        if vp > 1 and (8 // mb) % 2:
+            continue
+        r = simulate(model, cluster, free.with_(micro_batch=mb, vp=vp, recompute=rc, grad_overlap=go))
+        results.append(r)
+    feasible = [r for r in results if r.feasible]
+    assert len(feasible) < len(results), "the device should make some combinations infeasible"
+    assert chosen.step_time_s == pytest.approx(min(r.step_time_s for r in feasible), rel=1e-12)
+
+
+def test_step_shorter_than_the_critical_path_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 3 (post-run checks): the engine compares the step with the dependency critical path and raises
+    when the step is shorter (here a critical path forced too long)."""
+    monkeypatch.setattr(pipeline, "_critical_path", lambda inp: 1e9)
+    with pytest.raises(SimulatorError, match="shorter than the critical path"):
+        simulate(SMALL, A100, PlanSpec(pp=2, global_batch=4, micro_batch=1, recompute="none", grad_overlap=True))
+
+
+def test_step_is_at_least_the_critical_path() -> None:
+    """Issue 3 (post-run checks): on a real plan the step is no shorter than its critical path."""
+    r = simulate(SMALL, A100, PlanSpec(pp=4, global_batch=8, micro_batch=1, recompute="none", grad_overlap=True))
+    assert r.step_time_s > 0
+    for stage in r.stage_breakdown:
+        assert sum(stage.values()) == pytest.approx(r.step_time_s, rel=1e-9)
+
+
+def test_uncalibrated_ops_describe_this_run_only() -> None:
+    """Issue 3 (determinism): the cost models are cached across calls; what one simulation reports as
+    uncalibrated must not depend on what ran before it (found by this test: labels leaked between calls)."""
+    code = (
+        "from simulator.run import simulate; from simulator.specs import PlanSpec, load_cluster;"
+        "from simulator.specs.model import ModelSpec;"
+        "m = ModelSpec(name='t', layers=2, hidden=256, heads=8, ffn_hidden=1024, vocab=1000, seq_len=256);"
+        "p = PlanSpec(global_batch=2, micro_batch=1, recompute='none', grad_overlap=True);"
+        "print(simulate(m, load_cluster('dgx-a100-80g'), p).uncalibrated_ops)"
+    )
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    # Now in this process, after a run that crosses the network (more uncalibrated collective classes).
+    simulate(
+        GPT3, A100, PlanSpec(tp=8, pp=8, dp=2, global_batch=16, micro_batch=1, recompute="full", grad_overlap=True)
+    )
+    small = ModelSpec(name="t", layers=2, hidden=256, heads=8, ffn_hidden=1024, vocab=1000, seq_len=256)
+    after = simulate(small, A100, PlanSpec(global_batch=2, micro_batch=1, recompute="none", grad_overlap=True))
+    assert str(after.uncalibrated_ops) == fresh
+
+
+def test_simulate_json_is_byte_identical_across_runs_and_processes() -> None:
+    """Issue 3 (determinism): same inputs, same output bytes, in one process and in a fresh one."""
+    plan = PlanSpec(tp=2, pp=2, dp=2, cp=1, global_batch=16, micro_batch=1, recompute="selective", grad_overlap=True)
+    a = json.dumps(simulate(SMALL, A100, plan).to_dict(), sort_keys=False)
+    b = json.dumps(simulate(SMALL, A100, plan).to_dict(), sort_keys=False)
+    assert a == b
+    code = (
+        "import json; from simulator.run import simulate; from simulator.specs import PlanSpec, load_cluster;"
+        "from simulator.specs.model import ModelSpec;"
+        "m = ModelSpec(name='small', layers=8, hidden=1024, heads=16, ffn_hidden=4096, vocab=8192, seq_len=1024);"
+        "p = PlanSpec(tp=2, pp=2, dp=2, cp=1, global_batch=16, micro_batch=1, recompute='selective',"
+        " grad_overlap=True);"
+        "print(json.dumps(simulate(m, load_cluster('dgx-a100-80g'), p).to_dict(), sort_keys=False), end='')"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == a
+
+
+def test_interleaved_schedule_with_free_vp_picks_vp_of_at_least_two() -> None:
+    """Issue 3 (free knobs): ``schedule: interleaved`` with vp left free chooses vp >= 2 (found by this test:
+    the chooser tried vp=1 first and the plan was rejected as 'vp must be > 1')."""
+    r = simulate(SMALL, A100, PlanSpec(pp=2, global_batch=8, schedule="interleaved"))
+    assert r.feasible
+    assert r.chosen["vp"] >= 2
+    assert r.plan.schedule == "interleaved"

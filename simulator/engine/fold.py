@@ -12,8 +12,10 @@ With ``host_overhead_s`` the host issues every step in program order, spending t
 lost waiting for the host is reported as exposed ``host`` time. Because launches are asynchronous, the
 host only limits the GPU when kernels are shorter than their launch cost.
 
-Compute steps marked ``overlapped`` run while a collective is in flight on the same GPU and are slowed by
-the overlap slowdown factor (communication kernels take SMs and memory bandwidth; Design: Physics).
+Compute steps marked ``overlapped`` may run while a collective is in flight on the same GPU; for as long as
+one actually is (up to the end of the latest collective issued so far), they are slowed by the overlap
+slowdown factor (communication kernels take SMs and memory bandwidth; Design: Physics). A compute step that
+starts after the collectives it could overlap have finished runs at full speed.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def fold(
     comm: dict[str, float] = {}
     rows: list[tuple[str, str, str, float, float]] = []
     host_free = 0.0
+    comm_busy_until = 0.0  # end of the latest collective issued so far, on any communication stream
     for i, step in enumerate(steps):
         ready = free.get(step.stream, 0.0)
         binding_kind = ""
@@ -96,14 +99,17 @@ def fold(
         start = binding_end
         duration = step.duration_s
         if step.kind == "compute":
-            if step.overlapped:
-                duration *= 1.0 + overlap_slowdown
+            if step.overlapped and overlap_slowdown > 0:
+                # Slowed only while a collective runs beside it; the collective's own end does not move.
+                shared = min(max(comm_busy_until - start, 0.0), duration)
+                duration += shared * overlap_slowdown
             if start > compute_free and binding_kind and binding_kind != "compute":
                 exposed[binding_kind] = exposed.get(binding_kind, 0.0) + (start - compute_free)
             compute_s += duration
             compute_free = start + duration
         else:
             comm[step.kind] = comm.get(step.kind, 0.0) + duration
+            comm_busy_until = max(comm_busy_until, start + duration)
         end = start + duration
         ends[i] = end
         free[step.stream] = end

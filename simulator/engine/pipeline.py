@@ -8,7 +8,8 @@ One representative rank per pipeline stage (Design: What is simulated). Each sta
   link for its duration, in the order the sender produces them; the receiver's task waits for arrival;
 * a data-parallel stream that reduces gradients bucket by bucket. With ``grad_overlap`` the final
   micro-batch's backward of each chunk releases its buckets as it goes (the backward is split into one
-  piece per bucket), so reduction overlaps the rest of the backward; without it, reduction starts when the
+  piece per bucket), so reduction overlaps the rest of the backward, and compute that runs while a bucket
+  is being reduced is slowed by the overlap slowdown for that long; without it, reduction starts when the
   stage's last backward ends. Then the optimizer step runs and, under a sharded optimizer, the updated
   parameters are all-gathered (hidden behind the next step's forward when ``grad_overlap`` is on, as
   Megatron-LM's ``overlap_param_gather`` does).
@@ -204,6 +205,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
 
     # Gradient buckets travel from the compute stream to the DP stream through a store; None ends it.
     buckets_out = [simpy.Store(env) for _ in range(p)]
+    # When each stage's DP stream will have reduced every bucket handed to it so far (it runs them in order).
+    dp_free_at = [0.0] * p
     dp_done = [env.event() for _ in range(p)]
 
     # The last backward-type task of each chunk releases that chunk's gradient buckets.
@@ -219,6 +222,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     def compute(s: int) -> simpy.events.ProcessGenerator:
         st = inp.stages[s]
         a = acc[s]
+        deferred: list[float] = []
         for t in st.order:
             if t.kind != "F":
                 # Same-stage dependency: a backward needs its forward, a weight gradient its backward.
@@ -233,17 +237,23 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             start = env.now
             buckets = st.dp_buckets[t.chunk] if last_bwd[s].get(t.chunk) == t else ()
             if buckets and inp.grad_overlap:
-                # One piece per bucket; each piece frees its bucket, later pieces overlap the reduction.
+                # One piece per bucket; each piece frees its bucket, later pieces overlap the reduction and
+                # are slowed for as long as a bucket is actually being reduced beside them.
                 piece = res.duration_s / len(buckets)
-                for i, b in enumerate(buckets):
-                    slow = piece * inp.overlap_slowdown if i > 0 else 0.0
+                for b in buckets:
+                    shared = min(max(dp_free_at[s] - env.now, 0.0), piece)
+                    slow = shared * inp.overlap_slowdown
                     yield env.timeout(piece + slow)
                     a.compute += slow
                     buckets_out[s].put(b)
+                    dp_free_at[s] = max(dp_free_at[s], env.now) + b
             else:
-                yield env.timeout(res.duration_s)
-                for b in buckets:
-                    buckets_out[s].put(b)
+                # Any task that runs while earlier buckets are still being reduced is slowed meanwhile.
+                shared = min(max(dp_free_at[s] - env.now, 0.0), res.duration_s)
+                slow = shared * inp.overlap_slowdown
+                yield env.timeout(res.duration_s + slow)
+                a.compute += slow
+                deferred.extend(buckets)  # without grad_overlap, reduction waits for the last backward
             a.compute += res.compute_s
             for kind, sec in res.exposed:
                 a.exposed[kind] = a.exposed.get(kind, 0.0) + sec
@@ -252,6 +262,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             done[(s, t.kind, t.mb, t.chunk)].succeed()
         # Gradient reduction must finish before the optimizer step.
         compute_end = env.now
+        for b in deferred:
+            buckets_out[s].put(b)
         buckets_out[s].put(None)
         yield dp_done[s]
         a.dp += env.now - compute_end

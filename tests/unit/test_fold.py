@@ -32,7 +32,20 @@ def test_overlapped_collective_hides_behind_compute() -> None:
     assert r.duration_s == pytest.approx(3.0)
     assert r.exposed_of("tp") == 0.0
     slowed = fold(steps, overlap_slowdown=0.1)
-    assert slowed.duration_s == pytest.approx(3.1)
+    # Only the 0.4 s during which the reduce-scatter runs beside the weight gradient is slowed.
+    assert slowed.duration_s == pytest.approx(3.0 + 0.4 * 0.1)
+
+
+def test_slowdown_covers_the_whole_step_when_the_collective_outlasts_it() -> None:
+    steps = [C("a", 1.0), X("rs", 2.0, (0,)), C("wgrad", 1.0, overlapped=True)]
+    slowed = fold(steps, overlap_slowdown=0.1)
+    assert slowed.compute_s == pytest.approx(2.0 + 0.1)
+    assert slowed.duration_s == pytest.approx(3.0)  # the collective still ends at 3.0
+
+
+def test_compute_after_the_collective_ended_is_not_slowed() -> None:
+    steps = [C("a", 1.0), X("rs", 0.1, (0,)), C("b", 1.0), C("c", 1.0, overlapped=True)]
+    assert fold(steps, overlap_slowdown=0.5).duration_s == pytest.approx(3.0)
 
 
 def test_partially_hidden_collective_exposes_the_rest() -> None:

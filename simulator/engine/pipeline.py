@@ -15,9 +15,13 @@ One representative rank per pipeline stage (Design: What is simulated). Each sta
   Megatron-LM's ``overlap_param_gather`` does).
 
 Processes are one per (stage, stream), which the simpy documentation and our measurements show is
-several times faster than one process per task. Ties resolve by simpy's event order, which is
-deterministic for deterministic inputs. After the run, invariants are checked: every task finished, no
-stream is busy past the end of the step, and the step is no shorter than the dependency critical path.
+several times faster than one process per task. The DP stream needs no process of its own: it runs the
+buckets in the order they are released and nothing waits on a single bucket, so its timeline is computed
+arithmetically as the compute stream hands buckets over, and the stage waits for it before the optimizer
+(the cost of a step then does not grow with the number of buckets, i.e. with dp). Ties resolve by simpy's
+event order, which is deterministic for deterministic inputs. After the run, invariants are checked: every
+task finished, no stream is busy past the end of the step, and the step is no shorter than the dependency
+critical path.
 """
 
 from __future__ import annotations
@@ -203,12 +207,6 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                     )
             arrive[dest].succeed()
 
-    # Gradient buckets travel from the compute stream to the DP stream through a store; None ends it.
-    buckets_out = [simpy.Store(env) for _ in range(p)]
-    # When each stage's DP stream will have reduced every bucket handed to it so far (it runs them in order).
-    dp_free_at = [0.0] * p
-    dp_done = [env.event() for _ in range(p)]
-
     # The last backward-type task of each chunk releases that chunk's gradient buckets.
     last_bwd: list[dict[int, Task]] = []
     for st in inp.stages:
@@ -223,6 +221,19 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         st = inp.stages[s]
         a = acc[s]
         deferred: list[float] = []
+        # The DP stream reduces buckets in the order they are released, one at a time, and nothing else
+        # waits on a single bucket: its timeline is computed as buckets are handed over, without events.
+        dp_free = 0.0
+        reduced = 0
+
+        def reduce(duration: float, ready: float) -> None:
+            nonlocal dp_free, reduced
+            begin = max(dp_free, ready)
+            dp_free = begin + duration
+            reduced += 1
+            if record and duration > 0:
+                rows.append((s, "dp", f"grad_bucket{reduced}", begin, dp_free))
+
         for t in st.order:
             if t.kind != "F":
                 # Same-stage dependency: a backward needs its forward, a weight gradient its backward.
@@ -240,16 +251,16 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 # One piece per bucket; each piece frees its bucket, later pieces overlap the reduction and
                 # are slowed for as long as a bucket is actually being reduced beside them.
                 piece = res.duration_s / len(buckets)
+                clock = env.now
                 for b in buckets:
-                    shared = min(max(dp_free_at[s] - env.now, 0.0), piece)
-                    slow = shared * inp.overlap_slowdown
-                    yield env.timeout(piece + slow)
+                    slow = min(max(dp_free - clock, 0.0), piece) * inp.overlap_slowdown
+                    clock += piece + slow
                     a.compute += slow
-                    buckets_out[s].put(b)
-                    dp_free_at[s] = max(dp_free_at[s], env.now) + b
+                    reduce(b, clock)
+                yield env.timeout(clock - env.now)
             else:
                 # Any task that runs while earlier buckets are still being reduced is slowed meanwhile.
-                shared = min(max(dp_free_at[s] - env.now, 0.0), res.duration_s)
+                shared = min(max(dp_free - env.now, 0.0), res.duration_s)
                 slow = shared * inp.overlap_slowdown
                 yield env.timeout(res.duration_s + slow)
                 a.compute += slow
@@ -263,9 +274,15 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         # Gradient reduction must finish before the optimizer step.
         compute_end = env.now
         for b in deferred:
-            buckets_out[s].put(b)
-        buckets_out[s].put(None)
-        yield dp_done[s]
+            reduce(b, compute_end)
+        finish = max(dp_free, compute_end)
+        if st.dp_tail_s > 0:
+            if record:
+                rows.append((s, "dp", "dp_tail", finish, finish + st.dp_tail_s))
+            finish += st.dp_tail_s
+        a.busy_until = finish
+        if finish > env.now:
+            yield env.timeout(finish - env.now)
         a.dp += env.now - compute_end
         start = env.now
         yield env.timeout(st.optimizer_s)
@@ -280,29 +297,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 rows.append((s, "dp", "param_all_gather", start, env.now))
         a.end = env.now
 
-    def dp_stream(s: int) -> simpy.events.ProcessGenerator:
-        st = inp.stages[s]
-        n = 0
-        while True:
-            duration = yield buckets_out[s].get()
-            if duration is None:
-                break
-            n += 1
-            start = env.now
-            yield env.timeout(duration)
-            if record and duration > 0:
-                rows.append((s, "dp", f"grad_bucket{n}", start, env.now))
-        if st.dp_tail_s > 0:
-            start = env.now
-            yield env.timeout(st.dp_tail_s)
-            if record:
-                rows.append((s, "dp", "dp_tail", start, env.now))
-        acc[s].busy_until = env.now
-        dp_done[s].succeed()
-
     for s in range(p):
         env.process(compute(s))
-        env.process(dp_stream(s))
         if p > 1:
             env.process(link(s, "F"))
             env.process(link(s, "B"))

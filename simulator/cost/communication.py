@@ -15,6 +15,12 @@ for a group of n ranks and a buffer of S bytes, ``time = factor(n) · S / busbw 
   inter-node latency.
 
 All-to-all sends (k−1)/n of its data over NVLink and (n−k)/n over the network, each at its own rate.
+
+Where the cluster has in-switch reduction (NVLink SHARP, ``nvls``), NCCL runs all-reduce inside the domain
+with the NVLS algorithm, whose bus bandwidth beats the ring's by :data:`NVLS_GAIN` (by the number of members in
+the domain). The measured curves of the shipped tables are ring all-reduce (Vidur's DGX H100 peak is 328 GB/s,
+below the ~370 GB/s NCCL's ring reaches on H100 NVLink, so NVLS was off when they were taken), and so is the
+default curve derived from them; the gain is applied on top of them.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from simulator.parallel.program import Comm
 from simulator.specs.calibration import BandwidthCurve, CalibrationTable
 from simulator.specs.hardware import ClusterSpec
 
-__all__ = ["NETWORK_EFFICIENCY", "NVLINK_FALLBACK_EFFICIENCY", "CommModel", "bus_factor"]
+__all__ = ["NETWORK_EFFICIENCY", "NVLINK_FALLBACK_EFFICIENCY", "NVLS_GAIN", "CommModel", "bus_factor"]
 
 # Achieved fraction of InfiniBand/RoCE line rate for large NCCL collectives across nodes: 24 of 25 GB/s per
 # HDR 200 Gb/s NIC (NCCL maintainer, NVIDIA/nccl issue #412) and 48-49 of 50 GB/s per NDR 400 Gb/s NIC
@@ -37,6 +43,11 @@ NETWORK_EFFICIENCY = 0.96
 # 8-GPU all-reduce of 1 GiB on DGX A100 reaches 229 GB/s of 300 GB/s (data/calibration/vtrain/
 # a100_all_reduce_8gpu.txt).
 NVLINK_FALLBACK_EFFICIENCY = 0.76
+# NVLS over ring all-reduce bus bandwidth inside one NVSwitch domain, by group members in the domain: 480 GB/s
+# (NVLS) vs 370 GB/s (ring) on 8 H100s, i.e. +30% (NCCL maintainer, NVIDIA/nccl-tests issue #212 and
+# NVIDIA/nccl issue #1442); with 5, 6 and 7 GPUs 420, 440 and 460 GB/s, and no gain up to 4 GPUs (8x H100 SXM
+# measurements, NVIDIA/nccl issue #1455). Larger domains (NVL72) keep the 8-GPU gain.
+NVLS_GAIN = {5: 420 / 370, 6: 440 / 370, 7: 460 / 370, 8: 480 / 370}
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -106,8 +117,10 @@ class CommModel:
 
     def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
         curve, scale = self._domain_curve(collective, ranks)
+        if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
+            scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
         if curve is None:
-            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY
+            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale
         return curve.at(size) * scale
 
     def _network_busbw(self, per_domain: int) -> float:

@@ -20,7 +20,7 @@ from simulator.engine.fold import FoldResult, TimedStep, fold
 from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, simulate_pipeline
 from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
-from simulator.parallel.layout import Layout, place, resolve_layout
+from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import Comm, Program, build_programs, chunk_params
 from simulator.parallel.schedule import generate
 from simulator.parallel.stages import Chunk, partition
@@ -407,6 +407,7 @@ def _pipeline_input(
                 dp_tail_s=tail,
                 optimizer_s=optimizer_s,
                 param_gather_s=param_gather_s,
+                dp_network=layout.dp.crosses_network or layout.edp.crosses_network,
             )
         )
     p = plan.pp
@@ -416,6 +417,7 @@ def _pipeline_input(
     send = comm.time(Comm("pp_send", "send_recv", layout.pp, act, "pp")) if p > 1 else 0.0
     pipe = PipelineInput(
         stages=tuple(stages),
+        hop_network=_hops_on_network(layout.pp),
         vp=layout.vp,
         send_fwd_s=(send,) * p,
         send_bwd_s=(send,) * p,
@@ -424,6 +426,14 @@ def _pipeline_input(
         record=record,
     )
     return pipe, hw_flops
+
+
+def _hops_on_network(pp: Group) -> tuple[bool, ...]:
+    """Whether the hop from stage s to stage (s+1) mod p leaves the NVLink domain (ranks ordered as Megatron's:
+    consecutive stages are ``stride`` ranks apart, ``per_domain`` of them share a domain)."""
+    if pp.size <= 1:
+        return ()
+    return tuple(pp.domains > 1 and (s + 1) % pp.per_domain == 0 for s in range(pp.size))
 
 
 def _grad_buckets(

@@ -46,7 +46,8 @@ class StageInput:
     ``fwd[c]``, ``bwd[c]``, ``wgt[c]`` are the folded programs of chunk c; ``dp_buckets[c]`` the gradient
     reduction times of chunk c's buckets; ``dp_tail_s`` collectives after all buckets (e.g. the tied
     embedding's gradient all-reduce between first and last stage); ``param_gather_s`` the all-gather of
-    updated parameters under a sharded optimizer.
+    updated parameters under a sharded optimizer. ``dp_network`` says whether the gradient reduction
+    leaves the NVLink domain, i.e. shares the stage's NICs with pipeline transfers that do too.
     """
 
     order: tuple[Task, ...]
@@ -57,6 +58,7 @@ class StageInput:
     dp_tail_s: float
     optimizer_s: float
     param_gather_s: float
+    dp_network: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,8 @@ class PipelineInput:
     """The stages and the link times between them.
 
     ``send_fwd_s[s]`` is the time to move one micro-batch's activations from stage s to stage (s+1) mod p,
-    ``send_bwd_s[s]`` the gradients from stage (s+1) mod p back to s.
+    ``send_bwd_s[s]`` the gradients from stage (s+1) mod p back to s; ``hop_network[s]`` whether the hop
+    between stage s and stage (s+1) mod p crosses the network (uses both stages' NICs).
     """
 
     stages: tuple[StageInput, ...]
@@ -74,6 +77,7 @@ class PipelineInput:
     grad_overlap: bool
     overlap_slowdown: float = 0.0
     record: bool = False
+    hop_network: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +202,9 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             if not ev.triggered:
                 yield ev
             sent_at[id(arrive[dest])] = env.now
+            hop = s if kind == "F" else (s - 1) % p
+            if duration > 0 and inp.hop_network and inp.hop_network[hop]:
+                duration += _share_nics(env.now, duration, (s, dest[0]), dp_free)
             if duration > 0:
                 start = env.now
                 yield env.timeout(duration)
@@ -206,6 +213,26 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                         (s, f"send_{'fwd' if kind == 'F' else 'bwd'}", f"{kind}{t.mb}.{t.chunk}", start, env.now)
                     )
             arrive[dest].succeed()
+
+    # When each stage's DP stream will have reduced every bucket handed to it so far; a network transfer
+    # that shares the stage's NICs pushes it back (see _share_nics).
+    dp_free = [0.0] * p
+    dp_on_network = [st.dp_network for st in inp.stages]
+
+    def _share_nics(now: float, duration: float, ends: tuple[int, int], busy: list[float]) -> float:
+        """Extra time of a pipeline transfer sharing NICs with gradient reduction still in flight.
+
+        Two flows on one NIC share it fairly: while both run each gets half the bandwidth, so the transfer
+        is longer, and the reduction later, by the time they overlap (processor sharing of two saturating
+        flows). A reduction that starts while a transfer is in flight is not slowed (an approximation).
+        """
+        extra = 0.0
+        for stage in set(ends):
+            if dp_on_network[stage]:
+                overlap = min(duration, max(busy[stage] - now, 0.0))
+                busy[stage] += overlap
+                extra = max(extra, overlap)
+        return extra
 
     # The last backward-type task of each chunk releases that chunk's gradient buckets.
     last_bwd: list[dict[int, Task]] = []
@@ -222,17 +249,16 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         a = acc[s]
         deferred: list[float] = []
         # The DP stream reduces buckets in the order they are released, one at a time, and nothing else
-        # waits on a single bucket: its timeline is computed as buckets are handed over, without events.
-        dp_free = 0.0
+        # waits on a single bucket: its timeline (dp_free[s]) is computed as buckets are handed over.
         reduced = 0
 
         def reduce(duration: float, ready: float) -> None:
-            nonlocal dp_free, reduced
-            begin = max(dp_free, ready)
-            dp_free = begin + duration
+            nonlocal reduced
+            begin = max(dp_free[s], ready)
+            dp_free[s] = begin + duration
             reduced += 1
             if record and duration > 0:
-                rows.append((s, "dp", f"grad_bucket{reduced}", begin, dp_free))
+                rows.append((s, "dp", f"grad_bucket{reduced}", begin, dp_free[s]))
 
         for t in st.order:
             if t.kind != "F":
@@ -253,14 +279,14 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 piece = res.duration_s / len(buckets)
                 clock = env.now
                 for b in buckets:
-                    slow = min(max(dp_free - clock, 0.0), piece) * inp.overlap_slowdown
+                    slow = min(max(dp_free[s] - clock, 0.0), piece) * inp.overlap_slowdown
                     clock += piece + slow
                     a.compute += slow
                     reduce(b, clock)
                 yield env.timeout(clock - env.now)
             else:
                 # Any task that runs while earlier buckets are still being reduced is slowed meanwhile.
-                shared = min(max(dp_free - env.now, 0.0), res.duration_s)
+                shared = min(max(dp_free[s] - env.now, 0.0), res.duration_s)
                 slow = shared * inp.overlap_slowdown
                 yield env.timeout(res.duration_s + slow)
                 a.compute += slow
@@ -275,14 +301,15 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         compute_end = env.now
         for b in deferred:
             reduce(b, compute_end)
-        finish = max(dp_free, compute_end)
+        # Pipeline transfers that share the NICs may still push the reduction back while we wait for it.
+        while dp_free[s] > env.now:
+            yield env.timeout(dp_free[s] - env.now)
         if st.dp_tail_s > 0:
+            start = env.now
+            yield env.timeout(st.dp_tail_s)
             if record:
-                rows.append((s, "dp", "dp_tail", finish, finish + st.dp_tail_s))
-            finish += st.dp_tail_s
-        a.busy_until = finish
-        if finish > env.now:
-            yield env.timeout(finish - env.now)
+                rows.append((s, "dp", "dp_tail", start, env.now))
+        a.busy_until = env.now
         a.dp += env.now - compute_end
         start = env.now
         yield env.timeout(st.optimizer_s)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from simulator.engine.fold import FoldResult
@@ -169,3 +171,28 @@ def test_pipeline_timeline_pairs() -> None:
         (1, "F2.0", 7.0, 8.0),
     ]
     assert r.step_time_s == 12.0
+
+
+def test_pipeline_transfers_share_the_nics_with_gradient_reduction() -> None:
+    """Issue 3 (NIC sharing): a pipeline transfer that leaves the node while the stage's gradient reduction
+    also uses the NICs gets half the bandwidth while they overlap, and pushes the reduction back as much.
+
+    p=2, one micro-batch, F=1, B=2, sends 0.5, one 1.0 s bucket reduced after each stage's backward. Stage 1
+    ends its backward at 4.5 and starts reducing (until 5.5) while sending the gradient to stage 0: the
+    0.5 s send overlaps the reduction all along, so it takes 1.0 and stage 0 starts its backward at 5.5
+    instead of 5.0; the step ends at 8.5 instead of 8.0.
+    """
+    base = _pipe("1f1b", 2, 1, send=0.5, buckets=(1.0,))
+    assert simulate_pipeline(base).step_time_s == pytest.approx(8.0)
+    shared = PipelineInput(
+        stages=tuple(replace(st, dp_network=True) for st in base.stages),
+        vp=1,
+        send_fwd_s=base.send_fwd_s,
+        send_bwd_s=base.send_bwd_s,
+        grad_overlap=False,
+        hop_network=(True, True),
+    )
+    r = simulate_pipeline(shared)
+    assert r.step_time_s == pytest.approx(8.5)
+    # Stage 1's reduction was pushed back by the 0.5 s it shared, and still ends before the step does.
+    assert r.stages[1].end_s == pytest.approx(6.0)

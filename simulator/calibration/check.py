@@ -175,11 +175,11 @@ def _train_steps(cfg: CheckConfig, dev: Any, steps: int, warmup: int, ddp: Any =
 
 def measure_step(
     cfg: CheckConfig, *, device: str = "cpu", threads: int | None = 1, steps: int = 5, warmup: int = 2
-) -> float:
-    """Median wall time of one training step of ``cfg`` (seconds); DDP over local processes when ranks > 1."""
+) -> list[float]:
+    """Wall times of ``steps`` training steps of ``cfg`` (seconds); DDP over local processes when ranks > 1."""
     dev = setup_device(device, threads if device == "cpu" else None)
     if cfg.ranks == 1:
-        return statistics.median(_train_steps(cfg, dev, steps, warmup))
+        return _train_steps(cfg, dev, steps, warmup)
     from simulator.calibration.profile import _free_port
 
     with tempfile.TemporaryDirectory(prefix="clustersim-ddp-") as tmp:
@@ -191,7 +191,7 @@ def measure_step(
             f"DDP check {cfg.name}",
         )
         times: list[float] = json.loads(result.read_text(encoding="utf-8"))
-    return statistics.median(times)
+    return times
 
 
 def _ddp_worker(
@@ -218,6 +218,8 @@ def _ddp_worker(
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         if rank == 0:
             Path(result).write_text(json.dumps(mine.tolist()), encoding="utf-8")
+        del times
+        dist.barrier()  # no rank tears down gloo while a peer still has work in flight
     finally:
         dist.destroy_process_group()
 
@@ -246,11 +248,17 @@ def run_check(
     threads: int | None = 1,
     steps: int = 5,
     warmup: int = 2,
+    rounds: int = 2,
 ) -> list[CheckRow]:
-    """Measure and predict every configuration."""
-    rows = []
-    for cfg in configs:
-        predicted = predict_step(cfg, cluster)
-        measured = measure_step(cfg, device=device, threads=threads, steps=steps, warmup=warmup)
-        rows.append(CheckRow(cfg, measured, predicted))
-    return rows
+    """Measure and predict every configuration.
+
+    The configurations are measured in ``rounds`` interleaved rounds of ``steps`` steps each and the median
+    over all steps is reported, so interference from other processes during one round does not decide
+    a configuration's time.
+    """
+    predicted = [predict_step(cfg, cluster) for cfg in configs]
+    times: list[list[float]] = [[] for _ in configs]
+    for _ in range(max(rounds, 1)):
+        for i, cfg in enumerate(configs):
+            times[i] += measure_step(cfg, device=device, threads=threads, steps=steps, warmup=warmup)
+    return [CheckRow(cfg, statistics.median(t), p) for cfg, t, p in zip(configs, times, predicted, strict=True)]

@@ -79,6 +79,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         threads=args.threads,
         warmup=args.warmup,
         repeats=args.repeats,
+        passes=args.passes,
         collectives=colls,
         log=_say,
     )
@@ -252,7 +253,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 f"--cluster {args.cluster}: names no calibration table; fit one (calibrate fit) or run calibrate host"
             )
         rows = run_check(
-            configs, cluster, device=args.device, threads=args.threads, steps=args.steps, warmup=args.warmup
+            configs,
+            cluster,
+            device=args.device,
+            threads=args.threads,
+            steps=args.steps,
+            warmup=args.warmup,
+            rounds=args.rounds,
         )
     else:
         # No fitted cluster given: profile these configurations' kernels first, in a scratch folder.
@@ -268,6 +275,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 steps=args.steps,
                 warmup=args.warmup,
+                rounds=args.rounds,
                 log=_say,
             )
             rows = list(result.check)
@@ -290,6 +298,8 @@ def _cmd_host(args: argparse.Namespace) -> int:
         steps=args.steps,
         warmup=args.warmup,
         repeats=args.repeats,
+        passes=args.passes,
+        rounds=args.rounds,
         check=not args.no_check,
         log=_say,
     )
@@ -344,7 +354,8 @@ def add_calibrate_parser(sub: Any) -> None:
     prof.add_argument("--collectives", action="store_true", help="also time collectives between local ranks")
     prof.add_argument("--ranks", type=int, default=2, help="processes for --collectives (default 2)")
     prof.add_argument("--warmup", type=int, default=2)
-    prof.add_argument("--repeats", type=int, default=5)
+    prof.add_argument("--repeats", type=int, default=5, help="timed runs per shape and pass (median, min, std)")
+    prof.add_argument("--passes", type=int, default=1, help="time every shape once per pass, one row each")
     prof.add_argument("--no-probes", action="store_true", help="skip the peak-GEMM and bandwidth probes")
     prof.add_argument("--out", type=Path, required=True, help="folder for kernels.csv, collectives.csv, manifest")
     prof.set_defaults(func=_cmd_profile)
@@ -382,11 +393,12 @@ def add_calibrate_parser(sub: Any) -> None:
 
     chk = cal_sub.add_parser("check", help="train a small real GPT, predict it, compare")
     device_opts(chk)
-    chk.add_argument("--cluster", type=Path, help="cluster YAML with a fitted table (default: profile first)")
+    chk.add_argument("--cluster", help="cluster name or YAML with a fitted table (default: profile first)")
     chk.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="configuration set (default: per device)")
     chk.add_argument("--no-ddp", action="store_true", help="skip the multi-process DDP configuration")
     chk.add_argument("--steps", type=int, default=5, help="timed steps per configuration (median reported)")
     chk.add_argument("--warmup", type=int, default=2)
+    chk.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the configurations")
     chk.add_argument("--work", type=Path, help="keep the scratch profile here (without --cluster)")
     chk.add_argument("--format", choices=("table", "json"), default="table")
     chk.set_defaults(func=_cmd_check)
@@ -400,7 +412,9 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument("--ranks", type=int, default=2, help="ranks (processes, or GPUs) of the host cluster")
     host.add_argument("--steps", type=int, default=5)
     host.add_argument("--warmup", type=int, default=2)
-    host.add_argument("--repeats", type=int, default=5)
+    host.add_argument("--repeats", type=int, default=3, help="timed runs per shape and pass")
+    host.add_argument("--passes", type=int, default=3, help="passes over all shapes (one row each)")
+    host.add_argument("--rounds", type=int, default=2, help="interleaved check rounds over the configurations")
     host.add_argument("--no-check", action="store_true", help="stop after writing the profiles")
     host.add_argument("--format", choices=("table", "json"), default="table")
     host.set_defaults(func=_cmd_host)

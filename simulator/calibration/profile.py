@@ -29,6 +29,7 @@ import math
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -229,13 +230,17 @@ def _write_manifest(out: Path, shapes: dict[str, str]) -> None:
 
 
 def _done_keys(out: Path) -> set[str]:
-    done: set[str] = set()
+    return set(_done_counts(out))
+
+
+def _done_counts(out: Path) -> Counter[str]:
+    done: Counter[str] = Counter()
     for name in (KERNELS_CSV, COLLECTIVES_CSV):
         path = out / name
         if path.is_file() and path.stat().st_size > 0:
             for row in read_rows([path]) if _has_rows(path) else []:
                 if row.note.startswith("shape="):
-                    done.add(row.note.removeprefix("shape="))
+                    done[row.note.removeprefix("shape=")] += 1
     return done
 
 
@@ -457,11 +462,16 @@ def run_profile(
     threads: int | None = 1,
     warmup: int = 2,
     repeats: int = 5,
+    passes: int = 1,
     collectives: Sequence[Shape] = (),
     launch_overhead: bool | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ProfileReport:
     """Time ``shapes`` (and ``collectives``) into ``out``, resuming whatever an earlier run measured.
+
+    With ``passes`` > 1 every shape is timed once per pass, the passes one after the other, and each pass
+    writes its own row: a burst of interference from other processes (a shared CPU, a GPU clock dip) then
+    spoils one row of a shape rather than all of it, and the fit's medians set it aside.
 
     ``launch_overhead`` defaults to on for CUDA and off for the CPU, where operators run synchronously and
     their measured times already include PyTorch's dispatch cost.
@@ -485,28 +495,33 @@ def run_profile(
     if launch_overhead:
         planned[launch_key] = "launch"
     _write_manifest(out, planned)
-    done = _done_keys(out)
+    counts = _done_counts(out)
+    done = set(counts)
     resumed = sum(1 for s in todo if s.key in done) + (1 if launch_overhead and launch_key in done else 0)
     if resumed:
         say(f"resuming: {resumed} of {len(todo)} shapes already measured in {out}")
     prov = provenance(dev)
     measured = 0
     with RowAppender(out / KERNELS_CSV) as sink:
-        for i, shape in enumerate(shapes):
-            if shape.key in done:
-                continue
-            try:
-                t = _time_shape(shape, dev, warmup, repeats)
-            except RuntimeError as err:  # out of memory, unsupported kernel: keep going, report it missing
-                _record_failure(out, shape.key, f"{type(err).__name__}: {err}")
-                say(f"failed {shape.key}: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-                continue
-            sink.append(_row(shape, t.median_s, t.min_s, t.std_s, t.repeats, prov))
-            measured += 1
-            if (i + 1) % 25 == 0:
-                say(f"  {i + 1}/{len(shapes)} kernel shapes")
+        failed: set[str] = set()
+        for p in range(max(passes, 1)):
+            for i, shape in enumerate(shapes):
+                if counts[shape.key] > p or shape.key in failed:
+                    continue
+                try:
+                    t = _time_shape(shape, dev, warmup, repeats)
+                except RuntimeError as err:  # out of memory, unsupported kernel: keep going, report it missing
+                    failed.add(shape.key)
+                    _record_failure(out, shape.key, f"{type(err).__name__}: {err}")
+                    say(f"failed {shape.key}: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+                    continue
+                sink.append(_row(shape, t.median_s, t.min_s, t.std_s, t.repeats, prov))
+                counts[shape.key] += 1
+                measured += 1
+                if (i + 1) % 100 == 0:
+                    say(f"  pass {p + 1}/{passes}: {i + 1}/{len(shapes)} kernel shapes")
         if launch_overhead and launch_key not in done:
             per_op = _launch_overhead(dev)
             sink.append(
@@ -634,6 +649,9 @@ def _collective_fn(dist: Any, torch: Any, op: str, n: int, rank: int, ranks: int
     if op == "reduce_scatter":
         inp = torch.ones(n, device=dev, dtype=dt)
         res = torch.empty(n // ranks, device=dev, dtype=dt)
+        single = getattr(dist, "reduce_scatter_single", None)  # the newer name (torch >= 2.13)
+        if single is not None:
+            return lambda: single(res, inp)
         return lambda: dist.reduce_scatter_tensor(res, inp)
     if op == "all_to_all":
         inp = torch.ones(n, device=dev, dtype=dt)

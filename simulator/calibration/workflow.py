@@ -151,7 +151,9 @@ def run_host(
     threads: int = 1,
     steps: int = 5,
     warmup: int = 2,
-    repeats: int = 5,
+    repeats: int = 3,
+    passes: int = 3,
+    rounds: int = 2,
     check: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> HostResult:
@@ -180,6 +182,7 @@ def run_host(
         device=device,
         threads=threads,
         repeats=repeats,
+        passes=passes,
         collectives=collective_shapes(ranks, device) if ranks > 1 else (),
         log=say,
     )
@@ -201,6 +204,8 @@ def run_host(
     rows: tuple[Any, ...] = ()
     if check:
         say(f"checking {len(configs)} configurations against real training steps")
-        rows = tuple(run_check(configs, loaded, device=device, threads=threads, steps=steps, warmup=warmup))
+        rows = tuple(
+            run_check(configs, loaded, device=device, threads=threads, steps=steps, warmup=warmup, rounds=rounds)
+        )
         (out / "check.json").write_text(json.dumps([r.as_dict() for r in rows], indent=1) + "\n", encoding="utf-8")
     return HostResult(device_yaml, calibration_yaml, cluster_yaml, replace(fit), rows, time.perf_counter() - t0)

@@ -199,12 +199,15 @@ def probe_shapes(dev_type: str) -> list[Shape]:
 
 
 def collective_shapes(ranks: int, dev_type: str) -> list[Shape]:
-    """Collectives to time: every op at sizes from 4 KiB (CPU) or 64 KiB (GPU) up, by factors of 4."""
+    """Collectives to time: every op at sizes from 4 KiB to 16 MiB (CPU) or 64 KiB to 1 GiB (GPU), by factors of 2.
+
+    Two sizes per octave is also the resolution of the fitted bandwidth curves (:mod:`.fit`).
+    """
     lo, hi = (12, 24) if dev_type == "cpu" else (16, 30)
     return [
         Shape(kind="collective", op=op, bytes=float(2**e), ranks=ranks)
         for op in COLLECTIVE_OPS
-        for e in range(lo, hi + 1, 2)
+        for e in range(lo, hi + 1)
     ]
 
 

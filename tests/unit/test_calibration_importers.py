@@ -87,3 +87,18 @@ def test_torch_profiler_cpu_trace(tmp_path: Path) -> None:
     path.write_text("not json")
     with pytest.raises(CalibrationError, match="Chrome trace"):
         import_torch_trace(path)
+
+
+@pytest.mark.torch
+def test_torch_profiler_real_kineto_trace(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    w = torch.randn(128, 256, dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.nn.functional.gelu(torch.mm(x, w))
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    rows = import_torch_trace(path, device="cpu")
+    gemm = next(r for r in rows if r.kind == "gemm")
+    assert (gemm.m, gemm.k, gemm.n) == (64, 128, 256)
+    assert any(r.kind == "memory" and "gelu" in r.op for r in rows)

@@ -409,7 +409,9 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument("--name", help="profile name (default host-cpu / host-cuda)")
     host.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="configuration set (default: per device)")
     host.add_argument("--micro-batch", type=_ints, default=(1, 2, 4, 8), help="micro-batches to profile")
-    host.add_argument("--ranks", type=int, default=2, help="ranks (processes, or GPUs) of the host cluster")
+    host.add_argument(
+        "--ranks", type=int, help="ranks of the host cluster (default: 2 CPU processes, or every GPU up to 8)"
+    )
     host.add_argument("--steps", type=int, default=5)
     host.add_argument("--warmup", type=int, default=2)
     host.add_argument("--repeats", type=int, default=3, help="timed runs per shape and pass")

@@ -570,6 +570,9 @@ def _run_collectives(
         raise CalibrationError(f"--ranks {ranks}: only {torch.cuda.device_count()} GPUs are visible")
     before = len(_done_keys(out))
     payload = [(s.op, s.bytes, s.key) for s in shapes]
+    # Collectives between processes are at the mercy of the scheduler (a preempted rank stalls the others
+    # for a time slice), so they get more timed runs than kernels for a stable median.
+    repeats = max(2 * repeats, 10)
     spawn(
         _collective_worker,
         (ranks, _free_port(), dev_type, threads or 1, payload, str(out), warmup, repeats, prov),

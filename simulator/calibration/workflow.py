@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -128,6 +129,15 @@ def write_table(table: CalibrationTable, path: Path, header: str = "") -> None:
     path.write_text((f"# {header}\n" if header else "") + text, encoding="utf-8")
 
 
+def _default_ranks(device: str) -> int:
+    """Two ranks on a CPU with two or more cores (one DDP check), every GPU (up to 8) on CUDA."""
+    if device == "cpu":
+        return min(2, os.cpu_count() or 1)
+    from simulator.calibration.torchlib import require_torch
+
+    return max(1, min(8, int(require_torch().cuda.device_count())))
+
+
 @dataclass(frozen=True, slots=True)
 class HostResult:
     """What ``calibrate host`` produced."""
@@ -147,7 +157,7 @@ def run_host(
     name: str | None = None,
     configs: Sequence[Any] = (),
     micro_batches: Sequence[int] = (1, 2, 4, 8),
-    ranks: int = 2,
+    ranks: int | None = None,
     threads: int = 1,
     steps: int = 5,
     warmup: int = 2,
@@ -166,6 +176,8 @@ def run_host(
     t0 = time.perf_counter()
     configs = tuple(configs) or (CPU_CONFIGS if device == "cpu" else GPU_CONFIGS)
     name = name or f"host-{device}"
+    if ranks is None:
+        ranks = _default_ranks(device)
     if ranks < 1:
         raise CalibrationError(f"--ranks must be >= 1, got {ranks}")
     configs = tuple(c for c in configs if c.ranks <= ranks)

@@ -80,6 +80,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         repeats=args.repeats,
         passes=args.passes,
+        cold_cache=args.cold_cache,
         collectives=colls,
         log=_say,
     )
@@ -300,6 +301,7 @@ def _cmd_host(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         passes=args.passes,
         rounds=args.rounds,
+        cold_cache=args.cold_cache,
         check=not args.no_check,
         log=_say,
     )
@@ -356,6 +358,7 @@ def add_calibrate_parser(sub: Any) -> None:
     prof.add_argument("--warmup", type=int, default=2)
     prof.add_argument("--repeats", type=int, default=5, help="timed runs per shape and pass (median, min, std)")
     prof.add_argument("--passes", type=int, default=1, help="time every shape once per pass, one row each")
+    prof.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
     prof.add_argument("--no-probes", action="store_true", help="skip the peak-GEMM and bandwidth probes")
     prof.add_argument("--out", type=Path, required=True, help="folder for kernels.csv, collectives.csv, manifest")
     prof.set_defaults(func=_cmd_profile)
@@ -416,6 +419,7 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument("--warmup", type=int, default=2)
     host.add_argument("--repeats", type=int, default=3, help="timed runs per shape and pass")
     host.add_argument("--passes", type=int, default=3, help="passes over all shapes (one row each)")
+    host.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
     host.add_argument("--rounds", type=int, default=2, help="interleaved check rounds over the configurations")
     host.add_argument("--no-check", action="store_true", help="stop after writing the profiles")
     host.add_argument("--format", choices=("table", "json"), default="table")

@@ -319,12 +319,14 @@ def _benchmark(shape: Shape, dev: Any) -> Callable[[], Any]:
         x, w = (rand(m, k), rand(n, k)) if b == 1 else (rand(b, m, k), rand(b, n, k))
         return (lambda: torch.mm(x, w.t())) if b == 1 else (lambda: torch.bmm(x, w.transpose(1, 2)))
     if shape.kind == "attention":
-        q, kk, v = (rand(b, shape.heads, m, k, grad=True) for _ in range(3))
+        # Q, K and V as the model makes them: strided views of the fused QKV projection's output.
+        qkv = rand(b, m, 3, shape.heads, k, grad=True)
+        q, kk, v = qkv.permute(2, 0, 3, 1, 4)
         if op == "attention_fwd":
             return lambda: nnf.scaled_dot_product_attention(q, kk, v, is_causal=True)
         out = nnf.scaled_dot_product_attention(q, kk, v, is_causal=True)
         gout = torch.randn_like(out)
-        return lambda: torch.autograd.grad(out, (q, kk, v), gout, retain_graph=True)
+        return lambda: torch.autograd.grad(out, (qkv,), gout, retain_graph=True)
     base = op.removesuffix("_bwd")
     backward = op.endswith("_bwd")
     if base == "probe.copy":
@@ -401,9 +403,9 @@ def _adam(shape: Shape, dev: Any) -> Callable[[], Any]:
     return step
 
 
-def _time_shape(shape: Shape, dev: Any, warmup: int, repeats: int) -> Any:
+def _time_shape(shape: Shape, dev: Any, warmup: int, repeats: int, cold_cache: bool = False) -> Any:
     """Time one shape; its inputs are freed when this returns."""
-    return time_fn(_benchmark(shape, dev), dev, warmup=warmup, repeats=repeats)
+    return time_fn(_benchmark(shape, dev), dev, warmup=warmup, repeats=repeats, cold_cache=cold_cache)
 
 
 def _launch_overhead(dev: Any, ops: int = 2000) -> float:
@@ -466,6 +468,7 @@ def run_profile(
     warmup: int = 2,
     repeats: int = 5,
     passes: int = 1,
+    cold_cache: bool = False,
     collectives: Sequence[Shape] = (),
     launch_overhead: bool | None = None,
     log: Callable[[str], None] | None = None,
@@ -512,7 +515,7 @@ def run_profile(
                 if counts[shape.key] > p or shape.key in failed:
                     continue
                 try:
-                    t = _time_shape(shape, dev, warmup, repeats)
+                    t = _time_shape(shape, dev, warmup, repeats, cold_cache)
                 except RuntimeError as err:  # out of memory, unsupported kernel: keep going, report it missing
                     failed.add(shape.key)
                     _record_failure(out, shape.key, f"{type(err).__name__}: {err}")

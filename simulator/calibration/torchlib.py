@@ -6,7 +6,14 @@ package type-checks without torch installed.
 
 Timing follows the usual GPU/CPU benchmarking practice (PyTorch ``torch.utils.benchmark`` and Triton's
 ``do_bench``): warm-up runs first, then ``repeats`` timed runs, and the median is reported with the
-minimum and the standard deviation as its spread. On CUDA a pair of CUDA events brackets each run; on the
+minimum and the standard deviation as its spread. With ``cold_cache`` a buffer larger than the last-level
+cache is overwritten before each timed run (outside the timing), as ``triton.testing.do_bench`` does with
+its 256 MB L2 flush. The default keeps caches warm: in a training step a kernel's operands were written by
+the kernels just before it, so neither extreme is exact (on a 2-core CPU host the warm profile predicted
+the smallest check configurations 15–20% fast, the cold one 20–30% slow); both are offered, and neither
+is adjusted to step times.
+
+On CUDA a pair of CUDA events brackets each run; on the
 CPU ``time.perf_counter`` does, with the intra-op thread count fixed (``torch.set_num_threads``) so a
 profile and a check use the same number of cores.
 
@@ -112,7 +119,31 @@ class Timing:
     repeats: int
 
 
-def time_fn(fn: Callable[[], Any], dev: Any, *, warmup: int = 2, repeats: int = 5, max_s: float = 2.0) -> Timing:
+# Bytes overwritten between timed runs: more than the last-level cache (CPUs: tens of MB of L3; H100: 50 MB
+# of L2). Triton's do_bench uses 256 MB on GPUs (triton/testing.py); 64 MB covers the CPUs we target.
+FLUSH_BYTES = {"cuda": 256 * 2**20, "cpu": 64 * 2**20}
+_FLUSH: dict[str, Any] = {}
+
+
+def _flush_cache(dev: Any) -> None:
+    torch = require_torch()
+    key = str(dev)
+    buf = _FLUSH.get(key)
+    if buf is None:
+        buf = torch.empty(FLUSH_BYTES[dev.type] // 4, dtype=torch.float32, device=dev)
+        _FLUSH[key] = buf
+    buf.zero_()
+
+
+def time_fn(
+    fn: Callable[[], Any],
+    dev: Any,
+    *,
+    warmup: int = 2,
+    repeats: int = 5,
+    max_s: float = 2.0,
+    cold_cache: bool = False,
+) -> Timing:
     """Time ``fn`` (module docstring). Repeats stop early once ``max_s`` seconds have been spent (at least 3)."""
     torch = require_torch()
     for _ in range(warmup):
@@ -123,6 +154,8 @@ def time_fn(fn: Callable[[], Any], dev: Any, *, warmup: int = 2, repeats: int = 
     times: list[float] = []
     spent = 0.0
     for i in range(repeats):
+        if cold_cache:
+            _flush_cache(dev)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -164,6 +164,7 @@ def run_host(
     repeats: int = 3,
     passes: int = 3,
     rounds: int = 2,
+    cold_cache: bool = False,
     check: bool = True,
     log: Callable[[str], None] | None = None,
 ) -> HostResult:
@@ -195,6 +196,7 @@ def run_host(
         threads=threads,
         repeats=repeats,
         passes=passes,
+        cold_cache=cold_cache,
         collectives=collective_shapes(ranks, device) if ranks > 1 else (),
         log=say,
     )

@@ -39,7 +39,7 @@ def test_kill_and_out_of_memory_keep_rows_and_report_missing(tmp_path: Path, mon
     real = profile._time_shape
     calls = {"n": 0}
 
-    def flaky(shape: Any, dev: Any, warmup: int, repeats: int) -> Any:
+    def flaky(shape: Any, dev: Any, warmup: int, repeats: int, cold: bool = False) -> Any:
         calls["n"] += 1
         if shape.key == shapes[1].key:
             raise RuntimeError("out of memory: pretend")
@@ -57,7 +57,7 @@ def test_kill_and_out_of_memory_keep_rows_and_report_missing(tmp_path: Path, mon
     assert "out of memory" in missing[shapes[1].key]
     assert missing[shapes[5].key] == "not measured"
 
-    monkeypatch.setattr(profile, "_time_shape", lambda s, d, w, r: real(s, d, 0, 1))
+    monkeypatch.setattr(profile, "_time_shape", lambda s, d, w, r, c=False: real(s, d, 0, 1))
     report = run_profile(shapes, tmp_path, warmup=0, repeats=1)
     assert report.resumed == 2
     assert report.measured == 4

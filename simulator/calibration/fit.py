@@ -237,8 +237,9 @@ def _sources(rows: Sequence[Measurement], kind: str, key: str) -> str:
         {
             r.source.rsplit("/", 2)[0] if "/" in r.source else r.source
             for r in rows
-            if (r.kind == kind or (kind == "attention_bwd" and r.kind == "attention"))
-            and (key in (r.precision, r.op) or kind == "memory")
+            if (r.kind == kind and key in (r.precision, r.op))
+            or (r.kind != "collective" and compute_class(r) == kind)
+            or (r.kind == "memory" and kind == "memory")
         }
     )
     text = "; ".join(found)

@@ -9,9 +9,9 @@ Timing follows the usual GPU/CPU benchmarking practice (PyTorch ``torch.utils.be
 minimum and the standard deviation as its spread. With ``cold_cache`` a buffer larger than the last-level
 cache is overwritten before each timed run (outside the timing), as ``triton.testing.do_bench`` does with
 its 256 MB L2 flush. The default keeps caches warm: in a training step a kernel's operands were written by
-the kernels just before it, so neither extreme is exact (on a 2-core CPU host the warm profile predicted
-the smallest check configurations 15–20% fast, the cold one 20–30% slow); both are offered, and neither
-is adjusted to step times.
+the kernels just before it, so neither extreme is exact. On a shared 2-core CPU host both gave a median
+check error under 10%; the smallest configuration moved by up to ±25% between them (and between runs).
+Both are offered, and neither is adjusted to step times.
 
 On CUDA a pair of CUDA events brackets each run; on the
 CPU ``time.perf_counter`` does, with the intra-op thread count fixed (``torch.set_num_threads``) so a

@@ -88,7 +88,7 @@ def _source(rows: Sequence[Measurement]) -> str:
 
 def _provenance(rows: Sequence[Measurement]) -> tuple[tuple[str, str], ...]:
     def joined(values: set[str]) -> str:
-        return ", ".join(sorted(v for v in values if v)) or "unknown"
+        return ", ".join(sorted(v for v in values if v)) or "n/a"
 
     return (
         ("devices", joined({r.device for r in rows})),

@@ -4,22 +4,423 @@ Subcommands (PyTorch is needed only for ``profile``, ``check`` and ``host``; ins
 
 * ``profile --device cuda|cpu --model M [--tp 1,2] [--micro-batch 1,2] [--collectives] --out DIR``
 * ``import-vidur``, ``import-nccl-tests``, ``import-torch-profiler``: third-party measurements to rows
-* ``fit DIR_OR_CSV... --device NAME --out TABLE.yaml``: rows to an efficiency table, with a residual report
+* ``fit DIR_OR_CSV... --out TABLE.yaml [--device NAME]``: rows to an efficiency table, with a residual report
 * ``check --device cuda|cpu``: train a small real GPT, predict it, print both
 * ``host``: the whole loop on this machine, ending in device, cluster and calibration profiles
+
+Errors the user can fix raise :class:`~simulator.errors.CalibrationError` or
+:class:`~simulator.errors.SpecError`; the top-level CLI prints them as ``error: ...`` with exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from simulator.errors import CalibrationError
+
 __all__ = ["add_calibrate_parser"]
+
+EXIT_OK = 0
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,4, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers such as 1,2,4, got {text!r}")
+    return values
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _configs(name: str | None, device: str) -> tuple[Any, ...]:
+    from simulator.calibration.check import CPU_CONFIGS, GPU_CONFIGS, TINY_CONFIGS
+
+    choice = name or ("cpu" if device == "cpu" else "gpu")
+    return {"cpu": CPU_CONFIGS, "gpu": GPU_CONFIGS, "tiny": TINY_CONFIGS}[choice]
+
+
+# -- profile ------------------------------------------------------------------------------------------------
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from simulator.calibration.profile import collective_shapes, model_shapes, probe_shapes, run_profile
+    from simulator.specs.library import load_model
+
+    if not args.model and not args.configs:
+        raise CalibrationError("calibrate profile: give --model (name, YAML or config.json) or --configs cpu|gpu|tiny")
+    shapes: dict[str, Any] = {}
+    for ref in args.model or ():
+        model = load_model(ref)
+        for s in model_shapes(model, seq_len=args.seq_len, micro_batches=args.micro_batch, tps=args.tp):
+            shapes.setdefault(s.key, s)
+    if args.configs:
+        for cfg in _configs(args.configs, args.device):
+            mbs = sorted({*args.micro_batch, cfg.micro_batch})
+            for s in model_shapes(cfg.model(), micro_batches=mbs, tps=args.tp):
+                shapes.setdefault(s.key, s)
+    colls = collective_shapes(args.ranks, args.device) if args.collectives else ()
+    if args.collectives and args.ranks < 2:
+        raise CalibrationError(f"--collectives needs --ranks >= 2, got {args.ranks}")
+    report = run_profile(
+        [*shapes.values(), *(probe_shapes(args.device) if not args.no_probes else ())],
+        args.out,
+        device=args.device,
+        threads=args.threads,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        passes=args.passes,
+        cold_cache=args.cold_cache,
+        collectives=colls,
+        log=_say,
+    )
+    print(
+        f"profiled on {report.device}: {report.measured} shapes measured now, {report.resumed} kept from an "
+        f"earlier run, {report.planned} planned in {report.out}"
+    )
+    if report.missing:
+        print(f"missing {len(report.missing)} shapes (rerun the same command to retry them):")
+        for key, why in report.missing:
+            print(f"  {key}: {why}")
+    return EXIT_OK
+
+
+# -- importers ----------------------------------------------------------------------------------------------
+
+
+def _write_import(rows: list[Any], out: Path, what: str) -> int:
+    from simulator.calibration.rows import write_rows
+
+    if not rows:
+        raise CalibrationError(f"{what}: no rows imported; check the input files")
+    n = write_rows(rows, out)
+    print(f"wrote {n} rows to {out}")
+    return EXIT_OK
+
+
+def _cmd_import_vidur(args: argparse.Namespace) -> int:
+    from simulator.calibration.importers.vidur import import_vidur_compute, import_vidur_network, import_vidur_tree
+
+    rows: list[Any] = []
+    for path in args.paths:
+        if path.is_dir():
+            rows += import_vidur_tree(path)
+        elif not path.is_file():
+            raise CalibrationError(f"{path}: no such file or folder; give a Vidur mlp.csv, network CSV or folder")
+        elif path.name == "mlp.csv":
+            rows += import_vidur_compute(path, args.device)
+        else:
+            rows += import_vidur_network(path, args.device)
+    return _write_import(rows, args.out, "import-vidur")
+
+
+def _cmd_import_nccl(args: argparse.Namespace) -> int:
+    from simulator.calibration.importers.nccl_tests import import_nccl_tests, import_vtrain_table
+
+    rows: list[Any] = []
+    for path in args.paths:
+        if not path.is_file():
+            raise CalibrationError(f"{path}: no such file; give nccl-tests output or a vTrain table")
+        with path.open(encoding="utf-8", errors="replace") as fh:
+            first = fh.readline()
+        if first.startswith("size"):
+            rows += import_vtrain_table(path, device=args.device or "A100-SXM4-80GB", ranks=args.ranks)
+        else:
+            rows += import_nccl_tests(path, collective=args.collective, device=args.device or "", ranks=args.ranks)
+    return _write_import(rows, args.out, "import-nccl-tests")
+
+
+def _cmd_import_torch(args: argparse.Namespace) -> int:
+    from simulator.calibration.importers.torch_profiler import import_torch_trace
+
+    rows: list[Any] = []
+    for path in args.paths:
+        if not path.is_file():
+            raise CalibrationError(f"{path}: no such file; give a Chrome trace JSON from torch.profiler")
+        rows += import_torch_trace(path, device=args.device or "")
+    return _write_import(rows, args.out, "import-torch-profiler")
+
+
+# -- fit ----------------------------------------------------------------------------------------------------
+
+
+def _residual_lines(summary: dict[str, dict[str, float]]) -> list[str]:
+    lines = [f"  {'curve':<22}{'held out':>9}{'median |err|':>14}{'p90 |err|':>11}"]
+    for key, s in summary.items():
+        lines.append(
+            f"  {key:<22}{int(s['n']):>9}{s['median_abs_error'] * 100:>13.1f}%{s['p90_abs_error'] * 100:>10.1f}%"
+        )
+    return lines
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from simulator.calibration.host import device_mapping, write_yaml
+    from simulator.calibration.workflow import fit_files, summarize_errors, write_table
+    from simulator.specs.library import load_device
+
+    if args.out.suffix not in (".yaml", ".yml"):
+        raise CalibrationError(f"--out {args.out}: must be a .yaml file, e.g. hardware_profiles/calibration/NAME.yaml")
+    device = load_device(args.device) if args.device else None
+    name = args.name or args.out.stem
+    result = fit_files(args.paths, name=name, device=device, holdout_every=args.holdout, ranks=args.ranks)
+    write_table(result.table, args.out, "fitted by clustersim calibrate fit")
+    if args.device_out is not None:
+        write_yaml(device_mapping(result.device), args.device_out, "measured by clustersim calibrate fit")
+    summary = summarize_errors(result.residuals)
+    if args.format == "json":
+        print(
+            json.dumps(
+                {
+                    "table": str(args.out),
+                    "device": result.device.name,
+                    "derived_device": result.derived_device,
+                    "rows": len(result.rows),
+                    "curves": [c.op + ":" + c.precision for c in result.table.compute]
+                    + [f"{b.collective}:{b.ranks}" for b in result.table.collectives],
+                    "launch_overhead_us": None
+                    if result.table.launch_overhead_s is None
+                    else result.table.launch_overhead_s * 1e6,
+                    "residuals": summary,
+                    "missing": [{"folder": f, "shape": k, "reason": r} for f, k, r in result.missing],
+                },
+                indent=2,
+            )
+        )
+    else:
+        t = result.table
+        print(
+            f"wrote {args.out}: {len(t.compute)} compute and {len(t.collectives)} collective curves from "
+            f"{len(result.rows)} rows, relative to device {result.device.name}"
+            + (" (derived from the rows' probes)" if result.derived_device else "")
+        )
+        if t.launch_overhead_s is not None:
+            print(f"launch overhead {t.launch_overhead_s * 1e6:.2f} us per operator")
+        if summary:
+            print(f"held-out residuals (every {args.holdout}th shape left out of the fit, then predicted):")
+            print("\n".join(_residual_lines(summary)))
+        if result.missing:
+            print(f"missing {len(result.missing)} planned shapes (profile stopped or failed; rerun it to resume):")
+            for folder, key, why in result.missing:
+                print(f"  {folder}: {key}: {why}")
+    return EXIT_OK
+
+
+# -- check and host -----------------------------------------------------------------------------------------
+
+
+def _check_table(rows: Any) -> str:
+    lines = [f"{'configuration':<28}{'measured':>11}{'predicted':>11}{'error':>9}"]
+    for r in rows:
+        lines.append(
+            f"{r.config.label():<28}{r.measured_s * 1e3:>9.1f}ms{r.predicted_s * 1e3:>9.1f}ms{r.error * 100:>+8.1f}%"
+        )
+    if rows:
+        med = statistics.median(abs(r.error) for r in rows)
+        lines.append(f"median |error| {med * 100:.1f}% over {len(rows)} configurations")
+    return "\n".join(lines)
+
+
+def _check_json(rows: Any, device: str) -> str:
+    out = {
+        "device": device,
+        "rows": [r.as_dict() for r in rows],
+        "median_abs_error": statistics.median(abs(r.error) for r in rows) if rows else None,
+    }
+    return json.dumps(out, indent=2)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from simulator.calibration.check import run_check
+    from simulator.calibration.workflow import run_host
+    from simulator.specs.library import load_cluster
+
+    configs = _configs(args.configs, args.device)
+    if args.no_ddp:
+        configs = tuple(c for c in configs if c.ranks == 1)
+    if args.cluster is not None:
+        cluster = load_cluster(args.cluster)
+        if cluster.calibration is None:
+            raise CalibrationError(
+                f"--cluster {args.cluster}: names no calibration table; fit one (calibrate fit) or run calibrate host"
+            )
+        rows = run_check(
+            configs,
+            cluster,
+            device=args.device,
+            threads=args.threads,
+            steps=args.steps,
+            warmup=args.warmup,
+            rounds=args.rounds,
+        )
+    else:
+        # No fitted cluster given: profile these configurations' kernels first, in a scratch folder.
+        with tempfile.TemporaryDirectory(prefix="clustersim-check-") as tmp:
+            work = args.work or Path(tmp)
+            _say(f"no --cluster: profiling the kernels of the check configurations first (in {work})")
+            result = run_host(
+                work,
+                device=args.device,
+                configs=configs,
+                micro_batches=(),
+                ranks=max(c.ranks for c in configs),
+                threads=args.threads,
+                steps=args.steps,
+                warmup=args.warmup,
+                rounds=args.rounds,
+                log=_say,
+            )
+            rows = list(result.check)
+    print(_check_json(rows, args.device) if args.format == "json" else _check_table(rows))
+    return EXIT_OK
+
+
+def _cmd_host(args: argparse.Namespace) -> int:
+    from simulator.calibration.workflow import run_host, summarize_errors
+
+    configs = _configs(args.configs, args.device)
+    result = run_host(
+        args.out,
+        device=args.device,
+        name=args.name,
+        configs=configs,
+        micro_batches=args.micro_batch,
+        ranks=args.ranks,
+        threads=args.threads,
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        passes=args.passes,
+        rounds=args.rounds,
+        cold_cache=args.cold_cache,
+        check=not args.no_check,
+        log=_say,
+    )
+    summary = summarize_errors(result.fit.residuals)
+    if args.format == "json":
+        print(
+            json.dumps(
+                {
+                    "device_yaml": str(result.device_yaml),
+                    "calibration_yaml": str(result.calibration_yaml),
+                    "cluster_yaml": str(result.cluster_yaml),
+                    "residuals": summary,
+                    "rows": [r.as_dict() for r in result.check],
+                    "median_abs_error": statistics.median(abs(r.error) for r in result.check) if result.check else None,
+                    "wall_s": result.wall_s,
+                },
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    print(f"device profile      {result.device_yaml}")
+    print(f"calibration table   {result.calibration_yaml}")
+    print(f"cluster profile     {result.cluster_yaml}")
+    if summary:
+        print("held-out kernel residuals:")
+        print("\n".join(_residual_lines(summary)))
+    if result.check:
+        print(_check_table(result.check))
+    print(f"wall time {result.wall_s:.0f} s; try: clustersim simulate --cluster {result.cluster_yaml} --model M ...")
+    return EXIT_OK
+
+
+# -- parser -------------------------------------------------------------------------------------------------
 
 
 def add_calibrate_parser(sub: Any) -> None:
     """Register ``calibrate`` and its subcommands on the top-level subparsers."""
     cal = sub.add_parser("calibrate", help="measure kernels and collectives, fit tables, check predictions")
     cal_sub = cal.add_subparsers(dest="calibrate_command", required=True, parser_class=type(cal))
-    _ = cal_sub
-    _ = argparse
+
+    def device_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
+        p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (default 1: one rank = one core)")
+
+    prof = cal_sub.add_parser("profile", help="time a model's kernels (and collectives) through PyTorch")
+    device_opts(prof)
+    prof.add_argument("--model", action="append", help="built-in model, model YAML or config.json (repeatable)")
+    prof.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="also profile the check configurations")
+    prof.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    prof.add_argument("--tp", type=_ints, default=(1,), help="tensor-parallel widths, e.g. 1,2,4,8")
+    prof.add_argument("--micro-batch", type=_ints, default=(1,), help="micro-batch sizes, e.g. 1,2,4")
+    prof.add_argument("--collectives", action="store_true", help="also time collectives between local ranks")
+    prof.add_argument("--ranks", type=int, default=2, help="processes for --collectives (default 2)")
+    prof.add_argument("--warmup", type=int, default=2)
+    prof.add_argument("--repeats", type=int, default=5, help="timed runs per shape and pass (median, min, std)")
+    prof.add_argument("--passes", type=int, default=1, help="time every shape once per pass, one row each")
+    prof.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
+    prof.add_argument("--no-probes", action="store_true", help="skip the peak-GEMM and bandwidth probes")
+    prof.add_argument("--out", type=Path, required=True, help="folder for kernels.csv, collectives.csv, manifest")
+    prof.set_defaults(func=_cmd_profile)
+
+    iv = cal_sub.add_parser("import-vidur", help="Vidur profiles (mlp.csv, network CSVs or a profiling folder)")
+    iv.add_argument("paths", nargs="+", type=Path)
+    iv.add_argument("--device", help="device name for the rows (default: from the folder, a100/h100)")
+    iv.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
+    iv.set_defaults(func=_cmd_import_vidur)
+
+    inc = cal_sub.add_parser("import-nccl-tests", help="nccl-tests output or vTrain all-reduce tables")
+    inc.add_argument("paths", nargs="+", type=Path)
+    inc.add_argument("--collective", help="all_reduce, all_gather, ... when the output does not say")
+    inc.add_argument("--ranks", type=int, help="group size when the output does not say")
+    inc.add_argument("--device", help="device name for the rows")
+    inc.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
+    inc.set_defaults(func=_cmd_import_nccl)
+
+    itp = cal_sub.add_parser("import-torch-profiler", help="PyTorch profiler (Kineto) Chrome trace JSON")
+    itp.add_argument("paths", nargs="+", type=Path)
+    itp.add_argument("--device", help="device name for the rows (default: from the trace)")
+    itp.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
+    itp.set_defaults(func=_cmd_import_torch)
+
+    fit = cal_sub.add_parser("fit", help="fit an efficiency table from measurement CSVs or profile folders")
+    fit.add_argument("paths", nargs="+", type=Path, metavar="DIR_OR_CSV")
+    fit.add_argument("--out", type=Path, required=True, help="table YAML to write (hardware_profiles/...)")
+    fit.add_argument("--device", help="device profile the efficiencies are relative to (default: from the probes)")
+    fit.add_argument("--device-out", type=Path, help="also write the derived device profile here")
+    fit.add_argument("--name", help="table name (default: the file name)")
+    fit.add_argument("--ranks", type=int, default=1, help="ranks sharing the host's memory (derived device only)")
+    fit.add_argument("--holdout", type=int, default=5, help="leave every Nth shape out for the residual report")
+    fit.add_argument("--format", choices=("table", "json"), default="table")
+    fit.set_defaults(func=_cmd_fit)
+
+    chk = cal_sub.add_parser("check", help="train a small real GPT, predict it, compare")
+    device_opts(chk)
+    chk.add_argument("--cluster", help="cluster name or YAML with a fitted table (default: profile first)")
+    chk.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="configuration set (default: per device)")
+    chk.add_argument("--no-ddp", action="store_true", help="skip the multi-process DDP configuration")
+    chk.add_argument("--steps", type=int, default=5, help="timed steps per configuration (median reported)")
+    chk.add_argument("--warmup", type=int, default=2)
+    chk.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the configurations")
+    chk.add_argument("--work", type=Path, help="keep the scratch profile here (without --cluster)")
+    chk.add_argument("--format", choices=("table", "json"), default="table")
+    chk.set_defaults(func=_cmd_check)
+
+    host = cal_sub.add_parser("host", help="the whole loop on this machine: device, calibration, cluster YAML")
+    device_opts(host)
+    host.add_argument("--out", type=Path, default=Path("clustersim-host"), help="output folder")
+    host.add_argument("--name", help="profile name (default host-cpu / host-cuda)")
+    host.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="configuration set (default: per device)")
+    host.add_argument("--micro-batch", type=_ints, default=(1, 2, 4, 8), help="micro-batches to profile")
+    host.add_argument(
+        "--ranks", type=int, help="ranks of the host cluster (default: 2 CPU processes, or every GPU up to 8)"
+    )
+    host.add_argument("--steps", type=int, default=5)
+    host.add_argument("--warmup", type=int, default=2)
+    host.add_argument("--repeats", type=int, default=3, help="timed runs per shape and pass")
+    host.add_argument("--passes", type=int, default=3, help="passes over all shapes (one row each)")
+    host.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
+    host.add_argument("--rounds", type=int, default=2, help="interleaved check rounds over the configurations")
+    host.add_argument("--no-check", action="store_true", help="stop after writing the profiles")
+    host.add_argument("--format", choices=("table", "json"), default="table")
+    host.set_defaults(func=_cmd_host)

@@ -7,6 +7,16 @@ median size of its rows. Medians make the table robust to the outliers every pro
 caught a clock dip, a shape with an unlucky tiling) without smoothing away real steps. Bins with fewer
 than three rows are dropped when better-populated bins exist. Efficiencies are clipped to (0, 1].
 
+With ``generic_memory="all"`` (public profiles, forward passes mostly) memory rows feed the curve of their
+class (norm, activation...) and the generic ``memory`` curve. With ``"unclassified"`` (our own profiles,
+which time every class and the backward of each kernel separately) every row feeds only its own curve,
+backward passes (ops named ``..._bwd`` or ``..._backward``) apart from forward ones (``norm_bwd``,
+``attention_bwd``...), and the generic ``memory`` curve holds the kernels of no other class, such as
+cross-entropy, which are exactly the ones that fall back to it. Attention backward rows always get
+their own ``attention_bwd`` curve. Rows named
+``probe.*`` (device properties) and ``overhead`` rows (host launch cost, stored as ``launch_overhead_us``)
+feed no curve.
+
 Collective curves, one per (collective, scope, group size), give the nccl-tests bus bandwidth
 ``size / time · factor`` (factor 2(n−1)/n for all-reduce, (n−1)/n for all-gather, reduce-scatter and
 all-to-all, 1 for send/recv; nccl-tests ``doc/PERFORMANCE.md``) binned two per octave of message size.
@@ -43,9 +53,36 @@ from simulator.specs.calibration import (
 from simulator.specs.hardware import DeviceSpec
 from simulator.units import GB
 
-__all__ = ["default_table", "fit_table", "monotone_time", "predict_time", "residual_report"]
+__all__ = [
+    "compute_class",
+    "default_table",
+    "fit_table",
+    "holdout_errors",
+    "monotone_time",
+    "predict_time",
+    "residual_report",
+]
 
 MIN_BIN_ROWS = 3
+GENERIC_MEMORY = ("all", "unclassified")
+
+
+def compute_class(row: Measurement) -> str:
+    """The curve a compute row belongs to: ``gemm``, ``attention``, ``attention_bwd`` or a memory class.
+
+    >>> compute_class(Measurement(kind="attention", op="attention_bwd", time_s=1.0))
+    'attention_bwd'
+    """
+    backward = "_bwd" in row.op or "backward" in row.op
+    if row.kind == "memory":
+        return memory_class(row.op) + ("_bwd" if backward else "")
+    if row.kind == "attention" and backward:
+        return "attention_bwd"
+    return row.kind
+
+
+def _is_probe(row: Measurement) -> bool:
+    return row.op.startswith("probe.")
 
 
 def _efficiency(row: Measurement, device: DeviceSpec) -> tuple[float, float]:
@@ -60,7 +97,7 @@ def _peak_precision(precision: str) -> str:
 
 
 def _binned(
-    points: list[tuple[float, float]], per_unit: float, log: Any
+    points: list[tuple[float, float]], per_unit: float, log: Any, min_rows: int = MIN_BIN_ROWS
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     bins: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for size, value in points:
@@ -69,7 +106,7 @@ def _binned(
             bins[math.floor(x * per_unit)].append((x, value))
     if not bins:
         return (), ()
-    populated = {k: v for k, v in bins.items() if len(v) >= MIN_BIN_ROWS}
+    populated = {k: v for k, v in bins.items() if len(v) >= min_rows}
     use = populated or bins
     xs: list[float] = []
     ys: list[float] = []
@@ -105,17 +142,32 @@ def fit_table(
     source: str = "",
     provenance: Sequence[tuple[str, str]] = (),
     bins_per_decade: int = 4,
+    min_bin_rows: int = MIN_BIN_ROWS,
+    generic_memory: str = "all",
 ) -> CalibrationTable:
     """A calibration table for ``device`` from measurement ``rows``.
+
+    ``min_bin_rows`` drops sparser bins where better-populated ones exist (1 keeps every bin: right for
+    our own profiles, which time each shape once with many repeats); ``generic_memory`` says which memory
+    rows feed the generic ``memory`` curve (module docstring).
 
     Raises
     ------
     CalibrationError
         When no row yields a curve.
     """
+    if generic_memory not in GENERIC_MEMORY:
+        raise CalibrationError(f"generic_memory must be one of {', '.join(GENERIC_MEMORY)}, got {generic_memory!r}")
     compute: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     colls: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
+    launch: list[float] = []
     for row in rows:
+        if row.kind == "overhead":
+            if row.op == "launch":
+                launch.append(row.time_s)
+            continue
+        if _is_probe(row):
+            continue
         if row.kind == "collective":
             if row.scope != "domain" or row.ranks < 2 or row.bytes <= 0:
                 continue
@@ -123,13 +175,19 @@ def fit_table(
             colls[(row.op, row.scope, row.ranks)].append((row.bytes, busbw))
         elif row.kind == "memory":
             point = _efficiency(row, device)
-            compute[(memory_class(row.op), "any")].append(point)
-            compute[("memory", "any")].append(point)
+            cls = compute_class(row)
+            if generic_memory == "all":
+                # Public profiles: forward and backward share a class curve, and every row the generic one.
+                compute[(memory_class(row.op), "any")].append(point)
+                if memory_class(row.op) != "memory":
+                    compute[("memory", "any")].append(point)
+            else:
+                compute[(cls, "any")].append(point)
         else:
-            compute[(row.kind, row.precision)].append(_efficiency(row, device))
+            compute[(compute_class(row), row.precision)].append(_efficiency(row, device))
     curves: list[EfficiencyCurve] = []
     for (kind, precision), points in sorted(compute.items()):
-        xs, ys = _binned(points, bins_per_decade, math.log10)
+        xs, ys = _binned(points, bins_per_decade, math.log10, min_bin_rows)
         ys = monotone_time(xs, tuple(min(max(y, 1e-4), 1.0) for y in ys), 10.0)
         if xs:
             curves.append(
@@ -144,7 +202,7 @@ def fit_table(
             )
     bands: list[BandwidthCurve] = []
     for (op, scope, ranks), points in sorted(colls.items()):
-        xs, ys = _binned(points, 2, math.log2)
+        xs, ys = _binned(points, 2, math.log2, min_bin_rows)
         ys = monotone_time(xs, ys, 2.0)
         if xs:
             bands.append(
@@ -159,12 +217,16 @@ def fit_table(
                 )
             )
     if not curves and not bands:
-        raise CalibrationError(f"no usable measurements for {device.name}: every row was empty or out of scope")
+        raise CalibrationError(
+            f"no usable measurements for {device.name}: every row was empty or out of scope; "
+            "give kernel or collective rows (profile, or an importer)"
+        )
     return CalibrationTable(
         name=name,
         device=device.name,
         compute=tuple(curves),
         collectives=tuple(bands),
+        launch_overhead_s=round(statistics.median(launch), 9) if launch else None,
         provenance=tuple(provenance),
         source=source,
     )
@@ -175,7 +237,9 @@ def _sources(rows: Sequence[Measurement], kind: str, key: str) -> str:
         {
             r.source.rsplit("/", 2)[0] if "/" in r.source else r.source
             for r in rows
-            if r.kind == kind and (key in (r.precision, r.op) or kind == "memory")
+            if (r.kind == kind and key in (r.precision, r.op))
+            or (r.kind != "collective" and compute_class(r) == kind)
+            or (r.kind == "memory" and kind == "memory")
         }
     )
     text = "; ".join(found)
@@ -189,25 +253,31 @@ def predict_time(row: Measurement, table: CalibrationTable, device: DeviceSpec) 
         if curve is None or curve.ranks != row.ranks:
             return None
         return row.bytes * (bus_factor(row.op, row.ranks) or 1.0) / curve.at(row.bytes)
+    if row.kind == "overhead" or _is_probe(row):
+        return None
     if row.kind == "memory":
-        mcurve = table.compute_curve(memory_class(row.op), "any") or table.compute_curve("memory", "any")
+        mcurve = (
+            table.compute_curve(compute_class(row), "any")
+            or table.compute_curve(memory_class(row.op), "any")
+            or table.compute_curve("memory", "any")
+        )
         if mcurve is None:
             return None
         return row.bytes / (device.hbm_bandwidth_bytes_per_s * mcurve.at(row.bytes, device.hbm_bandwidth_bytes_per_s))
-    ccurve = table.compute_curve(row.kind, row.precision)
+    ccurve = table.compute_curve(compute_class(row), row.precision)
     if ccurve is None:
         return None
     peak = device.peak(_peak_precision(row.precision))
     return row.flops / (peak * ccurve.at(row.flops, peak))
 
 
-def residual_report(
-    rows: Sequence[Measurement], device: DeviceSpec, *, holdout_every: int = 5, name: str = "holdout"
-) -> dict[str, dict[str, float]]:
+def holdout_errors(
+    rows: Sequence[Measurement], device: DeviceSpec, *, holdout_every: int = 5, name: str = "holdout", **fit: Any
+) -> dict[str, list[float]]:
     """Fit on about (1 − 1/holdout_every) of the rows (chosen by a hash of each shape) and predict the rest.
 
-    Returns, per curve (``gemm:fp16``, ``memory``, ``all_reduce:8``...), the held-out count and the median
-    and 90th-percentile absolute relative error of predicted vs measured time.
+    Returns the signed relative errors (predicted / measured − 1) of the held-out rows, per curve
+    (``gemm:fp16``, ``attention_bwd:bf16``, ``norm``, ``all_reduce:8``...). ``fit`` goes to :func:`fit_table`.
     """
 
     def held_out(r: Measurement) -> bool:
@@ -215,9 +285,10 @@ def residual_report(
         key = f"{r.kind}|{r.op}|{r.m}|{r.n}|{r.k}|{r.batch}|{r.bytes}|{r.ranks}|{r.source}"
         return zlib.crc32(key.encode()) % holdout_every == 0
 
+    usable = [r for r in rows if r.kind != "overhead" and not _is_probe(r)]
     train = [r for r in rows if not held_out(r)]
-    test = [r for r in rows if held_out(r)]
-    table = fit_table(train, device, name=name)
+    test = [r for r in usable if held_out(r)]
+    table = fit_table(train, device, name=name, **fit)
     errors: dict[str, list[float]] = defaultdict(list)
     for row in test:
         predicted = predict_time(row, table, device)
@@ -226,13 +297,24 @@ def residual_report(
         if row.kind == "collective":
             key = f"{row.op}:{row.ranks}"
         elif row.kind == "memory":
-            key = memory_class(row.op)
+            key = compute_class(row)
         else:
-            key = f"{row.kind}:{row.precision}"
-        errors[key].append(abs(predicted / row.time_s - 1.0))
+            key = f"{compute_class(row)}:{row.precision}"
+        errors[key].append(predicted / row.time_s - 1.0)
+    return dict(sorted(errors.items()))
+
+
+def residual_report(
+    rows: Sequence[Measurement], device: DeviceSpec, *, holdout_every: int = 5, name: str = "holdout", **fit: Any
+) -> dict[str, dict[str, float]]:
+    """Held-out prediction error per curve (see :func:`holdout_errors`).
+
+    Returns, per curve, the held-out count and the median and 90th-percentile absolute relative error of
+    predicted vs measured time.
+    """
     report: dict[str, dict[str, float]] = {}
-    for key, errs in sorted(errors.items()):
-        errs.sort()
+    for key, signed in holdout_errors(rows, device, holdout_every=holdout_every, name=name, **fit).items():
+        errs = sorted(abs(e) for e in signed)
         report[key] = {
             "n": float(len(errs)),
             "median_abs_error": statistics.median(errs),

@@ -10,6 +10,10 @@ into efficiency tables. Conventions:
 * ``bytes`` is HBM traffic (read plus written) for memory-bound kernels and the nccl-tests ``size`` (bytes
   per rank) for collectives.
 * ``time_s`` is the median over repeats, in seconds.
+* Kind ``overhead`` is a host-side cost per operator (op ``launch``: the CPU time PyTorch spends issuing one
+  small operator with autograd, measured on CUDA where the host runs ahead of the GPU).
+* Ops named ``probe.*`` measure a device property (peak GEMM throughput, memory bandwidth), not a kernel of
+  a model; fits use them for the device profile, not for curves.
 
 CSV files use a fixed column order and round-trip floats exactly (``repr``), so the same rows give the
 same bytes.
@@ -19,15 +23,16 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from simulator.errors import CalibrationError
 
-__all__ = ["COLUMNS", "KINDS", "Measurement", "memory_class", "read_rows", "write_rows"]
+__all__ = ["COLUMNS", "KINDS", "Measurement", "RowAppender", "memory_class", "read_rows", "write_rows"]
 
-KINDS = ("gemm", "attention", "memory", "collective")
+KINDS = ("gemm", "attention", "memory", "collective", "overhead")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +115,50 @@ def write_rows(rows: Iterable[Measurement], path: Path) -> int:
             writer.writerow([_fmt(data[c]) for c in COLUMNS])
             count += 1
     return count
+
+
+class RowAppender:
+    """Append rows to a CSV one at a time, flushed and synced to disk after each, so a killed run keeps them.
+
+    The header is written when the file is new or empty; an existing file must have the same columns.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not path.exists() or path.stat().st_size == 0
+        if not fresh:
+            with path.open(encoding="utf-8") as fh:
+                header = fh.readline().strip().split(",")
+            if tuple(header) != COLUMNS:
+                raise CalibrationError(
+                    f"{path}: exists with other columns than a measurement CSV; give an empty or a profile folder"
+                )
+        self.path = path
+        self._fh = path.open("a", newline="", encoding="utf-8")
+        self._writer = csv.writer(self._fh, lineterminator="\n")
+        if fresh:
+            self._writer.writerow(COLUMNS)
+            self._flush()
+
+    def _flush(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def append(self, row: Measurement) -> None:
+        """Write one row and flush it to disk."""
+        data = asdict(row)
+        self._writer.writerow([_fmt(data[c]) for c in COLUMNS])
+        self._flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._fh.close()
+
+    def __enter__(self) -> RowAppender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _parse(path: Path, line: int, column: str, text: str) -> object:

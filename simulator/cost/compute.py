@@ -98,7 +98,8 @@ class ComputeModel:
         """Seconds for ``op`` (cached per shape)."""
         precision = self.op_precision(op)
         cls = self.memory_class(op) if op.kind == "memory" else op.kind
-        key = (precision, cls, *op.shape_key())
+        # Backward ops may have their own measured curve (``<class>_bwd``), so the phase is part of the key.
+        key = (precision, cls, op.phase == "bwd", *op.shape_key())
         cached = self._cache.get(key)
         if cached is None:
             outer, self.uncalibrated = self.uncalibrated, set()
@@ -119,7 +120,9 @@ class ComputeModel:
             if size <= 0:
                 return 0.0
             cls = self.memory_class(op)
-            curve, calibrated = self._curve(cls, precision)
+            curve, calibrated = self._measured_backward(op, cls, precision)
+            if curve is None:
+                curve, calibrated = self._curve(cls, precision)
             if curve is None:
                 curve, calibrated = self._curve("memory", precision)
             eff = self._efficiency(curve, calibrated, "memory", size, hbm)
@@ -129,11 +132,26 @@ class ComputeModel:
             return 0.0
         peak = self.device.peak(precision)
         curve, calibrated = self._curve(op.kind, precision)
-        if op.kind == "attention" and op.phase != "fwd":
+        bwd_curve, _ = self._measured_backward(op, op.kind, precision)
+        if bwd_curve is not None:
+            eff = self._efficiency(bwd_curve, True, f"attention_bwd:{precision}", flops, peak)
+        elif op.kind == "attention" and op.phase != "fwd":
             eff = self._efficiency(curve, False, f"attention.bwd:{precision}", flops, peak) * ATTENTION_BWD_RATIO
         else:
             eff = self._efficiency(curve, calibrated, f"{op.kind}:{precision}", flops, peak)
         return max(flops / (peak * eff), op.bytes / hbm)
+
+    def _measured_backward(self, op: Op, cls: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
+        """The table's own backward curve for a backward op (``<class>_bwd``, measured by our profiler), if any.
+
+        A backward kernel measured on the device beats deriving it from the forward curve: on CPUs and GPUs
+        alike the backward of a norm, an activation or attention reaches a different efficiency at the
+        same size than its forward.
+        """
+        if op.phase not in ("bwd", "bwd_input", "bwd_weight") or self.table is None or op.kind == "gemm":
+            return None, False
+        curve = self.table.compute_curve(f"{cls}_bwd", precision)
+        return curve, curve is not None
 
     def _efficiency(
         self, curve: EfficiencyCurve | None, calibrated: bool, label: str, size: float, peak: float

@@ -24,6 +24,7 @@ from simulator.units import GB
 
 __all__ = [
     "AXES",
+    "BACKWARD_CLASSES",
     "COLLECTIVES",
     "COMPUTE_OPS",
     "MEMORY_CLASSES",
@@ -37,8 +38,12 @@ __all__ = [
 # Memory-bound kernels differ a lot in how well they use HBM (a fused residual add streams at ~85% of peak,
 # a normalisation or an embedding gather far lower), so they get their own classes; ``memory`` is the
 # generic curve used for anything else and as the fallback.
-COMPUTE_OPS = ("gemm", "attention", "memory", "norm", "elementwise", "activation", "rope", "embedding")
 MEMORY_CLASSES = ("memory", "norm", "elementwise", "activation", "rope", "embedding")
+# ``<class>_bwd`` curves describe backward passes where they were measured on their own (our profiler times
+# scaled_dot_product_attention's and each memory-bound kernel's backward); without them the cost model
+# uses the forward curve (for attention with the published backward/forward ratio).
+BACKWARD_CLASSES = ("attention_bwd", *(f"{c}_bwd" for c in MEMORY_CLASSES))
+COMPUTE_OPS = ("gemm", "attention", *MEMORY_CLASSES, *BACKWARD_CLASSES)
 AXES = ("size", "ideal_seconds")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 SCOPES = ("domain", "network")

@@ -81,3 +81,24 @@ def test_core_has_no_heavy_top_level_imports() -> None:
     for module, path in _modules():
         for imported in _imports(path, top_level_only=True):
             assert imported.split(".")[0] not in ("torch", "dask", "distributed", "matplotlib"), (module, imported)
+
+
+def test_simulator_and_cli_do_not_load_torch() -> None:
+    """torch is an optional extra: only the calibration commands that time real kernels import it, lazily."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, simulator, simulator.run, simulator.cli, simulator.calibration.cli, "
+        "simulator.calibration.profile, simulator.calibration.check, simulator.calibration.workflow; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    env_path = str(PACKAGE.parent)
+    result = subprocess.run([sys.executable, "-c", code], cwd=env_path, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr or "torch was imported"
+
+
+def test_engine_does_not_import_calibration() -> None:
+    for module, path in _modules():
+        if module.startswith("simulator.engine"):
+            assert not any(i.startswith("simulator.calibration") for i in _imports(path)), module

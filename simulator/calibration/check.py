@@ -1,0 +1,264 @@
+"""Close the loop: train a small real GPT for a few steps, predict the step with the simulator, compare.
+
+Each :class:`CheckConfig` is a GPT (hidden size, layers, heads, sequence, micro-batch, vocabulary) and a
+number of data-parallel ranks. :func:`measure_step` trains it with PyTorch (:func:`.torchlib.build_gpt`,
+bf16, Adam) for ``warmup + steps`` steps and reports the median step time; with two or more ranks it runs
+``torch.nn.parallel.DistributedDataParallel`` over gloo (CPU) or NCCL (GPU) between local processes.
+:func:`predict_step` builds the matching :class:`~simulator.specs.model.ModelSpec` and
+:class:`~simulator.specs.plan.PlanSpec` and asks :func:`simulator.run.simulate` on the host cluster, whose
+calibration table was fitted from kernel measurements only. Measured step times are never fed back into
+any table: they only judge the prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from simulator.calibration.torchlib import build_gpt, require_torch, setup_device, spawn
+from simulator.errors import CalibrationError
+from simulator.run import simulate
+from simulator.specs.hardware import ClusterSpec
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+
+__all__ = [
+    "CPU_CONFIGS",
+    "GPU_CONFIGS",
+    "TINY_CONFIGS",
+    "CheckConfig",
+    "CheckRow",
+    "measure_step",
+    "predict_step",
+    "run_check",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckConfig:
+    """One small GPT training configuration."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    seq_len: int
+    micro_batch: int
+    vocab: int = 4096
+    ranks: int = 1
+
+    def model(self) -> ModelSpec:
+        """The model as the simulator sees it (GPT-2 style: LayerNorm, learned positions, 4h GELU MLP)."""
+        return ModelSpec(
+            name=self.name,
+            layers=self.layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            ffn_hidden=4 * self.hidden,
+            vocab=self.vocab,
+            seq_len=self.seq_len,
+            position_embedding="learned",
+            bias=True,
+            tied_embeddings=False,
+            dropout=False,
+        )
+
+    def plan(self) -> PlanSpec:
+        """Pure data parallelism over ``ranks``, one micro-batch per rank and step, bf16, fused attention."""
+        return PlanSpec(
+            dp=self.ranks,
+            global_batch=self.micro_batch * self.ranks,
+            micro_batch=self.micro_batch,
+            seq_len=self.seq_len,
+            vp=1,
+            schedule="1f1b",
+            recompute="none",
+            sequence_parallel=False,
+            grad_overlap=True,
+            tp_overlap=False,
+            precision="bf16",
+            attention="flash",
+        )
+
+    def label(self) -> str:
+        """Short description for tables."""
+        ddp = f" ddp×{self.ranks}" if self.ranks > 1 else ""
+        return f"h{self.hidden} L{self.layers} s{self.seq_len} b{self.micro_batch}{ddp}"
+
+
+# Within the issue's CPU range (hidden 256–1024, 2–8 layers, sequence 128–512, batch 1–8) plus one DDP run.
+CPU_CONFIGS = (
+    CheckConfig(name="h256-L2-s128-b1", hidden=256, layers=2, heads=4, seq_len=128, micro_batch=1),
+    CheckConfig(name="h512-L4-s256-b2", hidden=512, layers=4, heads=8, seq_len=256, micro_batch=2),
+    CheckConfig(name="h768-L4-s512-b1", hidden=768, layers=4, heads=12, seq_len=512, micro_batch=1),
+    CheckConfig(name="h1024-L2-s256-b4", hidden=1024, layers=2, heads=16, seq_len=256, micro_batch=4),
+    CheckConfig(name="h384-L8-s128-b8", hidden=384, layers=8, heads=6, seq_len=128, micro_batch=8),
+    CheckConfig(name="h512-L2-s256-b2-ddp2", hidden=512, layers=2, heads=8, seq_len=256, micro_batch=2, ranks=2),
+)
+# Larger shapes for a GPU, where the CPU sizes would be launch-bound.
+GPU_CONFIGS = (
+    CheckConfig(name="h1024-L4-s1024-b4", hidden=1024, layers=4, heads=16, seq_len=1024, micro_batch=4, vocab=32768),
+    CheckConfig(name="h2048-L4-s1024-b2", hidden=2048, layers=4, heads=16, seq_len=1024, micro_batch=2, vocab=32768),
+    CheckConfig(name="h2048-L8-s2048-b1", hidden=2048, layers=8, heads=16, seq_len=2048, micro_batch=1, vocab=32768),
+    CheckConfig(name="h4096-L2-s2048-b1", hidden=4096, layers=2, heads=32, seq_len=2048, micro_batch=1, vocab=32768),
+)
+# Seconds-scale loop for tests and CI.
+TINY_CONFIGS = (
+    CheckConfig(name="tiny-h64-L2-s32-b1", hidden=64, layers=2, heads=4, seq_len=32, micro_batch=1, vocab=256),
+    CheckConfig(name="tiny-h64-L2-s32-b2", hidden=64, layers=2, heads=4, seq_len=32, micro_batch=2, vocab=256),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckRow:
+    """Measured and predicted step time of one configuration; ``error`` is predicted / measured − 1."""
+
+    config: CheckConfig
+    measured_s: float
+    predicted_s: float
+
+    @property
+    def error(self) -> float:
+        """Signed relative error of the prediction."""
+        return self.predicted_s / self.measured_s - 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        c = self.config
+        return {
+            "configuration": {
+                "name": c.name,
+                "hidden": c.hidden,
+                "layers": c.layers,
+                "heads": c.heads,
+                "seq_len": c.seq_len,
+                "micro_batch": c.micro_batch,
+                "vocab": c.vocab,
+                "ranks": c.ranks,
+            },
+            "measured_s": self.measured_s,
+            "predicted_s": self.predicted_s,
+            "error": self.error,
+        }
+
+
+def _train_steps(cfg: CheckConfig, dev: Any, steps: int, warmup: int, ddp: Any = None, seed: int = 0) -> list[float]:
+    torch = require_torch()
+    net = build_gpt(cfg.model(), dev, seed=seed)
+    model = ddp(net) if ddp is not None else net
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, cfg.vocab, (cfg.micro_batch, cfg.seq_len), generator=gen).to(dev)
+    targets = torch.randint(0, cfg.vocab, (cfg.micro_batch, cfg.seq_len), generator=gen).to(dev)
+    cuda = dev.type == "cuda"
+    times: list[float] = []
+    for i in range(warmup + steps):
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(ids, targets)
+        loss.backward()
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def measure_step(
+    cfg: CheckConfig, *, device: str = "cpu", threads: int | None = 1, steps: int = 5, warmup: int = 2
+) -> list[float]:
+    """Wall times of ``steps`` training steps of ``cfg`` (seconds); DDP over local processes when ranks > 1."""
+    dev = setup_device(device, threads if device == "cpu" else None)
+    if cfg.ranks == 1:
+        return _train_steps(cfg, dev, steps, warmup)
+    from simulator.calibration.profile import _free_port
+
+    with tempfile.TemporaryDirectory(prefix="clustersim-ddp-") as tmp:
+        result = Path(tmp) / "times.json"
+        spawn(
+            _ddp_worker,
+            (cfg, device, threads or 1, steps, warmup, _free_port(), str(result)),
+            cfg.ranks,
+            f"DDP check {cfg.name}",
+        )
+        times: list[float] = json.loads(result.read_text(encoding="utf-8"))
+    return times
+
+
+def _ddp_worker(
+    rank: int, cfg: CheckConfig, device: str, threads: int, steps: int, warmup: int, port: int, result: str
+) -> None:
+    """One DDP rank (spawned); rank 0 writes the slowest rank's step times."""
+    torch = require_torch()
+    dist = torch.distributed
+    torch.set_num_threads(threads)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dev = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.ranks
+    )
+    try:
+        ids = [rank] if device == "cuda" else None
+
+        def wrap(net: Any) -> Any:
+            return torch.nn.parallel.DistributedDataParallel(net, device_ids=ids)
+
+        times = _train_steps(cfg, dev, steps, warmup, ddp=wrap, seed=0)
+        mine = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        if rank == 0:
+            Path(result).write_text(json.dumps(mine.tolist()), encoding="utf-8")
+        del times
+        dist.barrier()  # no rank tears down gloo while a peer still has work in flight
+    finally:
+        dist.destroy_process_group()
+
+
+def predict_step(cfg: CheckConfig, cluster: ClusterSpec) -> float:
+    """The simulator's step time for ``cfg`` on ``cluster``."""
+    if cfg.ranks > cluster.gpus_per_node:
+        raise CalibrationError(
+            f"check {cfg.name}: needs {cfg.ranks} ranks, the cluster {cluster.name} has {cluster.gpus_per_node} "
+            "per node; profile the host with more ranks or drop the configuration"
+        )
+    result = simulate(cfg.model(), cluster, cfg.plan())
+    if not result.feasible:
+        raise CalibrationError(
+            f"check {cfg.name}: the simulator finds it infeasible on {cluster.name}: {result.reason}; "
+            "use a smaller configuration"
+        )
+    return result.step_time_s
+
+
+def run_check(
+    configs: Sequence[CheckConfig],
+    cluster: ClusterSpec,
+    *,
+    device: str = "cpu",
+    threads: int | None = 1,
+    steps: int = 5,
+    warmup: int = 2,
+    rounds: int = 2,
+) -> list[CheckRow]:
+    """Measure and predict every configuration.
+
+    The configurations are measured in ``rounds`` interleaved rounds of ``steps`` steps each and the median
+    over all steps is reported, so interference from other processes during one round does not decide
+    a configuration's time.
+    """
+    predicted = [predict_step(cfg, cluster) for cfg in configs]
+    times: list[list[float]] = [[] for _ in configs]
+    for _ in range(max(rounds, 1)):
+        for i, cfg in enumerate(configs):
+            times[i] += measure_step(cfg, device=device, threads=threads, steps=steps, warmup=warmup)
+    return [CheckRow(cfg, statistics.median(t), p) for cfg, t, p in zip(configs, times, predicted, strict=True)]

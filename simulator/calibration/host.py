@@ -1,0 +1,142 @@
+"""Profiles of the machine at hand: a device, a cluster and a calibration table from our own measurements.
+
+The device's peak is the highest GEMM throughput the profile measured (the ``probe.peak_gemm`` square GEMM
+or any larger one), and its memory bandwidth the highest memory throughput of any memory-bound kernel or
+copy probe. Both are *measured* figures, with date and host as their source, so efficiencies are at most
+one by construction. On a CPU this bandwidth is the best cache/DRAM rate the kernels reached, which is what
+the simulator's bandwidth floor for small kernels needs; capacity is the host's RAM shared by its ranks.
+
+On a CPU, one simulated "device" is one rank: a process with ``threads`` intra-op threads. The host is a
+one-node cluster of ``ranks`` such devices whose "NVLink domain" is shared memory: its bandwidth is the
+largest all-reduce bus bandwidth gloo reached between local processes (or, without collective rows, the
+memory bandwidth). There is no network; NIC figures are placeholders that no single-node plan uses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.calibration.rows import Measurement
+from simulator.cost.communication import bus_factor
+from simulator.errors import CalibrationError
+from simulator.specs.calibration import CalibrationTable
+from simulator.specs.hardware import ClusterSpec, DeviceSpec
+from simulator.units import GB, GBIT, GIB, TFLOP
+
+__all__ = ["host_cluster", "host_device", "write_yaml"]
+
+
+def _sig(value: float, digits: int = 4) -> float:
+    """``value`` rounded to ``digits`` significant digits (stable YAML without exponents)."""
+    if value <= 0:
+        return 0.0
+    return float(f"{value:.{digits}g}")
+
+
+def host_device(
+    rows: Sequence[Measurement], *, name: str, ram_bytes: float | None = None, ranks: int = 1
+) -> DeviceSpec:
+    """A device profile from measured rows (module docstring).
+
+    Raises
+    ------
+    CalibrationError
+        When the rows hold no GEMM or no memory-bound measurement.
+    """
+    gemm = [r.flops / r.time_s for r in rows if r.kind == "gemm" and r.flops > 0]
+    memory = [r.bytes / r.time_s for r in rows if r.kind == "memory" and r.bytes > 0]
+    if not gemm or not memory:
+        raise CalibrationError(
+            f"device {name}: the rows need GEMM and memory-bound measurements to derive a peak and a bandwidth; "
+            "profile with the device probes, or pass --device with a device profile"
+        )
+    ram = ram_bytes if ram_bytes is not None else _ram_bytes()
+    first = next((r for r in rows if r.device), rows[0])
+    peak = max(gemm)
+    return DeviceSpec(
+        name=name,
+        vendor=first.device,
+        peak_flops=(("bf16", _sig(peak / TFLOP) * TFLOP),),
+        hbm_bytes=_sig(ram / max(ranks, 1) / GIB, 3) * GIB,
+        hbm_bandwidth_bytes_per_s=_sig(max(memory) / GB) * GB,
+        source=(
+            f"measured by clustersim calibrate on host {first.host or 'unknown'} on {first.date or 'unknown date'} "
+            f"(torch {first.torch_version}): peak = best bf16 GEMM throughput, bandwidth = best memory-kernel "
+            f"throughput of the profile; capacity = RAM / {ranks} ranks"
+        ),
+    )
+
+
+def _ram_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16.0 * GIB
+
+
+def host_cluster(
+    device: DeviceSpec, table: CalibrationTable | None, rows: Sequence[Measurement], *, name: str, ranks: int
+) -> ClusterSpec:
+    """A one-node cluster of ``ranks`` devices joined by shared memory (module docstring)."""
+    busbw = [
+        r.bytes / r.time_s * bus_factor("all_reduce", r.ranks)
+        for r in rows
+        if r.kind == "collective" and r.op == "all_reduce" and r.ranks >= 2
+    ]
+    link = max(busbw) if busbw else device.hbm_bandwidth_bytes_per_s
+    return ClusterSpec(
+        name=name,
+        device=device,
+        gpus_per_node=ranks,
+        nvlink_bandwidth_bytes_per_s=_sig(link / GB) * GB,
+        nics_per_node=1,
+        nic_bandwidth_bytes_per_s=1.0 * GBIT,
+        intra_node_latency_s=0.0,
+        calibration=table,
+        max_gpus=ranks,
+        description="this machine: one rank per simulated device, shared memory between ranks, no network",
+        source=device.source,
+    )
+
+
+def device_mapping(d: DeviceSpec) -> dict[str, Any]:
+    """The YAML form of a measured device."""
+    return {
+        "name": d.name,
+        "vendor": d.vendor,
+        "peak_tflops_bf16": _sig(d.peak("bf16") / TFLOP),
+        "hbm_gib": _sig(d.hbm_bytes / GIB, 3),
+        "hbm_bandwidth_gb_per_s": _sig(d.hbm_bandwidth_bytes_per_s / GB),
+        "source": d.source,
+    }
+
+
+def cluster_mapping(c: ClusterSpec, *, device_ref: str, calibration_ref: str | None) -> dict[str, Any]:
+    """The YAML form of a host cluster; device and table are referenced by (relative) path."""
+    out: dict[str, Any] = {
+        "name": c.name,
+        "description": c.description,
+        "device": device_ref,
+        "gpus_per_node": c.gpus_per_node,
+        "nvlink_bandwidth_gb_per_s": _sig(c.nvlink_bandwidth_bytes_per_s / GB),
+        "nics_per_node": c.nics_per_node,
+        "nic_bandwidth_gbit_per_s": 1,
+        "intra_node_latency_us": 0,
+        "max_gpus": c.max_gpus,
+        "source": c.source + "; link = best gloo/NCCL all-reduce bus bandwidth between local processes",
+    }
+    if calibration_ref:
+        out["calibration"] = calibration_ref
+    return out
+
+
+def write_yaml(data: dict[str, Any], path: Path, header: str = "") -> None:
+    """Write a mapping as YAML (insertion order, no exponent notation thanks to rounded numbers)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
+    path.write_text((f"# {header}\n" if header else "") + text, encoding="utf-8")

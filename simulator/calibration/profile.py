@@ -1,0 +1,677 @@
+"""Profile the kernels and collectives of a model's layers on the device at hand, through PyTorch.
+
+What is timed (each distinct shape once; :mod:`.torchlib` for how):
+
+* the GEMMs of every linear layer of :func:`simulator.graph.transformer.build_graph`'s graph, for each
+  micro-batch size and tensor-parallel width asked for (the shard a TP rank computes): the forward
+  ``x·Wᵀ``, the activation gradient ``dy·W`` and the weight gradient ``dyᵀ·x``;
+* the attention core, forward and backward (``scaled_dot_product_attention``, causal);
+* LayerNorm, GELU, the residual add, the embedding lookup, cross-entropy (forward and backward each) and
+  the Adam step over the model's parameters;
+* two device probes: a large GEMM (peak throughput) and copies of several sizes (memory bandwidth);
+* on CUDA, the host's launch cost per small operator with autograd (``launch_overhead_us``): the CPU time
+  per operator of a long chain of tiny ones, while the GPU idles between them;
+* with ``collectives``, all-reduce, all-gather, reduce-scatter, all-to-all and send/recv over a range of
+  sizes, between local processes (``torch.distributed``: NCCL on GPUs, gloo on the CPU).
+
+Each row carries the FLOPs and bytes the *simulator's graph* assigns to the operator it stands for, so the
+fitted curves predict exactly those operators. Rows are appended and flushed one shape at a time to
+``kernels.csv`` and ``collectives.csv``; ``manifest.json`` lists every planned shape and ``failures.csv``
+why a shape failed (out of memory...). A killed or failed run keeps what it measured; running it again
+measures only what is missing, and :func:`missing_shapes` says what still is.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from simulator.calibration.rows import Measurement, RowAppender, read_rows
+from simulator.calibration.torchlib import (
+    DTYPE,
+    device_name,
+    finite,
+    memory_guard,
+    provenance,
+    require_torch,
+    setup_device,
+    spawn,
+    time_fn,
+)
+from simulator.errors import CalibrationError
+from simulator.graph.ops import Op
+from simulator.graph.transformer import OPTIMIZER_BYTES_PER_PARAM, build_graph
+from simulator.specs.model import ModelSpec
+
+__all__ = [
+    "COLLECTIVES_CSV",
+    "KERNELS_CSV",
+    "ProfileReport",
+    "Shape",
+    "collective_shapes",
+    "missing_shapes",
+    "model_shapes",
+    "probe_shapes",
+    "run_profile",
+]
+
+KERNELS_CSV = "kernels.csv"
+COLLECTIVES_CSV = "collectives.csv"
+MANIFEST = "manifest.json"
+FAILURES = "failures.csv"
+SOURCE = "clustersim calibrate profile"
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """One thing to time: a benchmark (``op``) with its dimensions, and the FLOPs and bytes it stands for.
+
+    Memory benchmarks use ``m`` rows by ``n`` columns (``k`` is the vocabulary of an embedding, ``batch``
+    its sequences); the Adam step uses ``m`` parameters; collectives ``bytes`` per rank over ``ranks``.
+    """
+
+    kind: str
+    op: str
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    heads: int = 0
+    flops: float = 0.0
+    bytes: float = 0.0
+    ranks: int = 0
+
+    @property
+    def key(self) -> str:
+        """A stable identifier (the manifest's and the rows' ``note``)."""
+        dims = f"m={self.m},n={self.n},k={self.k},b={self.batch},h={self.heads}"
+        if self.kind == "collective":
+            dims = f"bytes={int(self.bytes)},ranks={self.ranks}"
+        return f"{self.kind}:{self.op}:{dims}"
+
+
+# -- what to time -------------------------------------------------------------------------------------------
+
+
+def _div(value: int, tp: int) -> int:
+    return max(1, math.ceil(value / tp))
+
+
+def _shard(op: Op, tp: int) -> Op:
+    """The shard of ``op`` one of ``tp`` tensor-parallel ranks computes (sequence parallelism aside)."""
+    if tp == 1 or not op.tp_axis:
+        return op
+    if op.tp_axis == "heads":
+        return op.with_(heads=_div(op.heads, tp), kv_heads=_div(op.kv_heads, tp))
+    if op.tp_axis == "bytes":
+        return op.with_(read_bytes=op.read_bytes / tp, write_bytes=op.write_bytes / tp)
+    if op.tp_axis == "vocab":
+        return op
+    return op.with_(**{op.tp_axis: _div(getattr(op, op.tp_axis), tp)})
+
+
+def _memory_shape(op: Op, model: ModelSpec, b: int, s: int, tp: int) -> Shape | None:
+    tokens = b * s
+    bwd = "_bwd" if op.phase != "fwd" else ""
+    name = op.name.removesuffix(".bwd")
+    if name in ("ln1", "ln2", "final_norm"):
+        bench, rows, cols = "layernorm", tokens, model.hidden
+    elif name.endswith("dropout_add"):
+        bench, rows, cols = "residual_add", tokens, model.hidden
+    elif name == "mlp.act":
+        bench, rows, cols = "gelu", tokens, _div(model.ffn_hidden, tp)
+    elif name == "embedding.lookup":
+        return Shape(kind="memory", op="embedding" + bwd, m=s, n=model.hidden, k=model.vocab, batch=b, bytes=op.bytes)
+    elif name == "head.cross_entropy":
+        bench, rows, cols = "cross_entropy", tokens, _div(model.vocab, tp)
+    else:
+        return None
+    return Shape(kind="memory", op=bench + bwd, m=rows, n=cols, bytes=op.bytes)
+
+
+def model_shapes(
+    model: ModelSpec, *, seq_len: int | None = None, micro_batches: Sequence[int] = (1,), tps: Sequence[int] = (1,)
+) -> list[Shape]:
+    """The distinct shapes of ``model``'s operators for each micro-batch size and TP width, in a stable order.
+
+    >>> m = ModelSpec(name="t", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=32)
+    >>> sorted({s.op for s in model_shapes(m)})[:4]
+    ['adam', 'attention_bwd', 'attention_fwd', 'cross_entropy']
+    """
+    s = seq_len or model.seq_len
+    seen: dict[str, Shape] = {}
+    for tp in tps:
+        if tp < 1 or model.heads % tp:
+            raise CalibrationError(f"--tp {tp}: must be >= 1 and divide the model's heads ({model.heads})")
+        for b in micro_batches:
+            if b < 1:
+                raise CalibrationError(f"--micro-batch {b}: must be >= 1")
+            graph = build_graph(model, s, b)
+            for block in graph.blocks:
+                for raw in block.forward + block.backward:
+                    op = _shard(raw, tp)
+                    shape: Shape | None
+                    if op.kind == "gemm":
+                        phase = op.name.rsplit(".", 1)[-1] if op.name.endswith((".dgrad", ".wgrad")) else "fwd"
+                        shape = Shape(
+                            kind="gemm", op=f"gemm.{phase}", m=op.m, n=op.n, k=op.k, batch=op.batch, flops=op.flops,
+                            bytes=op.bytes,
+                        )  # fmt: skip
+                    elif op.kind == "attention":
+                        shape = Shape(
+                            kind="attention",
+                            op="attention_fwd" if op.phase == "fwd" else "attention_bwd",
+                            m=op.seq_q,
+                            n=op.seq_kv,
+                            k=op.head_dim,
+                            batch=op.batch,
+                            heads=op.heads,
+                            flops=op.flops,
+                            bytes=op.bytes,
+                        )
+                    else:
+                        shape = _memory_shape(op, model, b, s, tp)
+                    if shape is not None:
+                        seen.setdefault(shape.key, shape)
+            params = math.ceil(graph.params() / tp)
+            adam = Shape(kind="memory", op="adam", m=params, bytes=OPTIMIZER_BYTES_PER_PARAM * params, heads=tp)
+            seen.setdefault(adam.key, replace(adam, k=model.hidden))
+    return list(seen.values())
+
+
+def probe_shapes(dev_type: str) -> list[Shape]:
+    """The device probes: a large square GEMM and copies of several sizes."""
+    n = 8192 if dev_type == "cuda" else 2048
+    copies = (2**20, 2**24, 2**28, 2**30) if dev_type == "cuda" else (2**18, 2**22, 2**26)
+    return [Shape(kind="gemm", op="probe.peak_gemm", m=n, n=n, k=n, flops=2.0 * n**3, bytes=6.0 * n * n)] + [
+        Shape(kind="memory", op="probe.copy", m=size // 2, n=1, bytes=2.0 * size) for size in copies
+    ]
+
+
+def collective_shapes(ranks: int, dev_type: str) -> list[Shape]:
+    """Collectives to time: every op at sizes from 4 KiB to 16 MiB (CPU) or 64 KiB to 1 GiB (GPU), by factors of 2.
+
+    Two sizes per octave is also the resolution of the fitted bandwidth curves (:mod:`.fit`).
+    """
+    lo, hi = (12, 24) if dev_type == "cpu" else (16, 30)
+    return [
+        Shape(kind="collective", op=op, bytes=float(2**e), ranks=ranks)
+        for op in COLLECTIVE_OPS
+        for e in range(lo, hi + 1)
+    ]
+
+
+# -- bookkeeping: manifest, failures, what is missing --------------------------------------------------------
+
+
+def _read_manifest(out: Path) -> dict[str, str]:
+    path = out / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {str(k): str(v) for k, v in data["shapes"].items()}
+    except (json.JSONDecodeError, KeyError, AttributeError, TypeError):
+        raise CalibrationError(f"{path}: not a profile manifest; remove it or use an empty --out folder") from None
+
+
+def _write_manifest(out: Path, shapes: dict[str, str]) -> None:
+    path = out / MANIFEST
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"shapes": dict(sorted(shapes.items()))}, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _done_keys(out: Path) -> set[str]:
+    return set(_done_counts(out))
+
+
+def _done_counts(out: Path) -> Counter[str]:
+    done: Counter[str] = Counter()
+    for name in (KERNELS_CSV, COLLECTIVES_CSV):
+        path = out / name
+        if path.is_file() and path.stat().st_size > 0:
+            for row in read_rows([path]) if _has_rows(path) else []:
+                if row.note.startswith("shape="):
+                    done[row.note.removeprefix("shape=")] += 1
+    return done
+
+
+def _has_rows(path: Path) -> bool:
+    with path.open(encoding="utf-8") as fh:
+        return sum(1 for _ in fh) > 1
+
+
+def _record_failure(out: Path, key: str, reason: str) -> None:
+    path = out / FAILURES
+    new = not path.exists()
+    with path.open("a", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        if new:
+            writer.writerow(["shape", "reason"])
+        writer.writerow([key, reason.replace("\n", " ")[:300]])
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def missing_shapes(out: Path) -> list[tuple[str, str]]:
+    """``(shape, reason)`` for every planned shape of the profile in ``out`` that has no row yet.
+
+    The reason is the last recorded failure, or ``not measured`` (the run stopped before it).
+    """
+    planned = _read_manifest(out)
+    if not planned:
+        return []
+    done = _done_keys(out)
+    reasons: dict[str, str] = {}
+    path = out / FAILURES
+    if path.is_file():
+        with path.open(newline="", encoding="utf-8") as fh:
+            for rec in csv.DictReader(fh):
+                reasons[rec.get("shape", "")] = rec.get("reason", "")
+    return [(key, reasons.get(key, "not measured")) for key in sorted(planned) if key not in done]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileReport:
+    """What a profile run did: shapes planned, measured now, already there, and missing."""
+
+    out: Path
+    planned: int
+    measured: int
+    resumed: int
+    missing: tuple[tuple[str, str], ...]
+    device: str
+
+
+# -- the benchmarks -----------------------------------------------------------------------------------------
+
+
+def _benchmark(shape: Shape, dev: Any) -> Callable[[], Any]:
+    """A closure running the operator ``shape`` stands for (inputs allocated once, outside the timing)."""
+    torch = require_torch()
+    nnf = torch.nn.functional
+    dt = getattr(torch, DTYPE)
+
+    def rand(*dims: int, grad: bool = False) -> Any:
+        return torch.randn(*dims, device=dev, dtype=dt, requires_grad=grad)
+
+    op, m, n, k, b = shape.op, shape.m, shape.n, shape.k, shape.batch
+    # Inputs, outputs and (for Adam) gradients and two moments: a few times the bytes the op moves.
+    memory_guard(3.0 * shape.bytes, dev)
+    if shape.kind == "gemm":
+        if shape.op == "probe.peak_gemm" or op == "gemm.dgrad":
+            x, w = (rand(m, k), rand(k, n)) if b == 1 else (rand(b, m, k), rand(b, k, n))
+            return (lambda: torch.mm(x, w)) if b == 1 else (lambda: torch.bmm(x, w))
+        if op == "gemm.wgrad":
+            g, x = (rand(k, m), rand(k, n)) if b == 1 else (rand(b, k, m), rand(b, k, n))
+            return (lambda: torch.mm(g.t(), x)) if b == 1 else (lambda: torch.bmm(g.transpose(1, 2), x))
+        x, w = (rand(m, k), rand(n, k)) if b == 1 else (rand(b, m, k), rand(b, n, k))
+        return (lambda: torch.mm(x, w.t())) if b == 1 else (lambda: torch.bmm(x, w.transpose(1, 2)))
+    if shape.kind == "attention":
+        # Q, K and V as the model makes them: strided views of the fused QKV projection's output.
+        qkv = rand(b, m, 3, shape.heads, k, grad=True)
+        q, kk, v = qkv.permute(2, 0, 3, 1, 4)
+        if op == "attention_fwd":
+            return lambda: nnf.scaled_dot_product_attention(q, kk, v, is_causal=True)
+        out = nnf.scaled_dot_product_attention(q, kk, v, is_causal=True)
+        gout = torch.randn_like(out)
+        return lambda: torch.autograd.grad(out, (qkv,), gout, retain_graph=True)
+    base = op.removesuffix("_bwd")
+    backward = op.endswith("_bwd")
+    if base == "probe.copy":
+        src, dst = rand(m), rand(m)
+        return lambda: dst.copy_(src)
+    if base == "residual_add":
+        x, y = rand(m, n), rand(m, n)
+        return lambda: x + y
+    if base == "adam":
+        return _adam(shape, dev)
+    if base == "embedding":
+        table = rand(k, n, grad=True)
+        pos = rand(m, n, grad=True)
+        ids = torch.randint(0, k, (b, m), device=dev, generator=torch.Generator(device=dev).manual_seed(0))
+
+        def embed() -> Any:
+            return nnf.embedding(ids, table) + pos
+
+        if not backward:
+            return embed
+        y = embed()
+        gy = torch.randn_like(y)
+        return lambda: torch.autograd.grad(y, (table, pos), gy, retain_graph=True)
+    x = rand(m, n, grad=True)
+    if base == "layernorm":
+        w, bias = rand(n, grad=True), rand(n, grad=True)
+
+        def fwd() -> Any:
+            return nnf.layer_norm(x, (n,), w, bias)
+
+        inputs: tuple[Any, ...] = (x, w, bias)
+    elif base == "gelu":
+
+        def fwd() -> Any:
+            return nnf.gelu(x)
+
+        inputs = (x,)
+    elif base == "cross_entropy":
+        targets = torch.randint(0, n, (m,), device=dev, generator=torch.Generator(device=dev).manual_seed(0))
+
+        def fwd() -> Any:
+            return nnf.cross_entropy(x, targets)
+
+        inputs = (x,)
+    else:
+        raise CalibrationError(f"shape {shape.key}: no benchmark for op {op!r}")
+    if not backward:
+        return fwd
+    y = fwd()
+    gy = torch.randn_like(y)
+    return lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True)
+
+
+def _adam(shape: Shape, dev: Any) -> Callable[[], Any]:
+    """Adam over tensors shaped like the model's (one big matrix per 4·hidden² parameters, plus vectors)."""
+    torch = require_torch()
+    dt = getattr(torch, DTYPE)
+    h = max(shape.k, 1)
+    total = shape.m
+    sizes: list[int] = []
+    while total > 0:
+        chunk = min(total, 4 * h * h)
+        sizes.append(chunk)
+        total -= chunk
+        if total > 0:
+            vec = min(total, h)
+            sizes.append(vec)
+            total -= vec
+    params = [torch.zeros(sz, device=dev, dtype=dt, requires_grad=True) for sz in sizes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.Adam(params, lr=1e-4)
+    step: Callable[[], Any] = opt.step
+    return step
+
+
+def _time_shape(shape: Shape, dev: Any, warmup: int, repeats: int, cold_cache: bool = False) -> Any:
+    """Time one shape; its inputs are freed when this returns."""
+    return time_fn(_benchmark(shape, dev), dev, warmup=warmup, repeats=repeats, cold_cache=cold_cache)
+
+
+def _launch_overhead(dev: Any, ops: int = 2000) -> float:
+    """Host seconds per small operator with autograd: a chain of tiny ops, issued without synchronising."""
+    torch = require_torch()
+    x = torch.ones(8, device=dev, requires_grad=True)
+    for _ in range(3):
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        torch.cuda.synchronize(dev)
+    samples = []
+    for _ in range(5):
+        y = x
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            y = y * 1.0001
+        samples.append((time.perf_counter() - t0) / ops)
+        torch.cuda.synchronize(dev)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+# -- running ------------------------------------------------------------------------------------------------
+
+
+def _prov(prov: dict[str, str]) -> dict[str, Any]:
+    return {k: prov.get(k, "") for k in ("device", "host", "torch_version", "cuda_version", "date")}
+
+
+def _row(shape: Shape, seconds: float, min_s: float, std_s: float, repeats: int, prov: dict[str, str]) -> Measurement:
+    return Measurement(
+        kind=shape.kind,
+        op=shape.op,
+        precision="bf16" if shape.kind in ("gemm", "attention") else "",
+        m=shape.m,
+        n=shape.n,
+        k=shape.k,
+        batch=shape.batch * (shape.heads if shape.kind == "attention" else 1),
+        flops=shape.flops,
+        bytes=shape.bytes,
+        ranks=shape.ranks,
+        scope="domain" if shape.kind == "collective" else "",
+        time_s=seconds,
+        time_s_min=finite(min_s),
+        time_s_std=finite(std_s),
+        repeats=repeats,
+        source=SOURCE,
+        note=f"shape={shape.key}",
+        **_prov(prov),
+    )
+
+
+def run_profile(
+    shapes: Sequence[Shape],
+    out: Path,
+    *,
+    device: str = "cpu",
+    threads: int | None = 1,
+    warmup: int = 2,
+    repeats: int = 5,
+    passes: int = 1,
+    cold_cache: bool = False,
+    collectives: Sequence[Shape] = (),
+    launch_overhead: bool | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ProfileReport:
+    """Time ``shapes`` (and ``collectives``) into ``out``, resuming whatever an earlier run measured.
+
+    With ``passes`` > 1 every shape is timed once per pass, the passes one after the other, and each pass
+    writes its own row: a burst of interference from other processes (a shared CPU, a GPU clock dip) then
+    spoils one row of a shape rather than all of it, and the fit's medians set it aside.
+
+    ``launch_overhead`` defaults to on for CUDA and off for the CPU, where operators run synchronously and
+    their measured times already include PyTorch's dispatch cost.
+
+    Raises
+    ------
+    CalibrationError
+        PyTorch missing, no such device, or an ``out`` folder holding something else.
+    """
+    dev = setup_device(device, threads if device == "cpu" else None)
+    torch = require_torch()
+    out.mkdir(parents=True, exist_ok=True)
+    say = log or (lambda _msg: None)
+    planned = _read_manifest(out)
+    todo = list(shapes) + list(collectives)
+    if launch_overhead is None:
+        launch_overhead = dev.type == "cuda"
+    launch_key = "overhead:launch"
+    for shape in todo:
+        planned[shape.key] = shape.op
+    if launch_overhead:
+        planned[launch_key] = "launch"
+    _write_manifest(out, planned)
+    counts = _done_counts(out)
+    done = set(counts)
+    resumed = sum(1 for s in todo if s.key in done) + (1 if launch_overhead and launch_key in done else 0)
+    if resumed:
+        say(f"resuming: {resumed} of {len(todo)} shapes already measured in {out}")
+    prov = provenance(dev)
+    measured = 0
+    with RowAppender(out / KERNELS_CSV) as sink:
+        failed: set[str] = set()
+        for p in range(max(passes, 1)):
+            for i, shape in enumerate(shapes):
+                if counts[shape.key] > p or shape.key in failed:
+                    continue
+                try:
+                    t = _time_shape(shape, dev, warmup, repeats, cold_cache)
+                except RuntimeError as err:  # out of memory, unsupported kernel: keep going, report it missing
+                    failed.add(shape.key)
+                    _record_failure(out, shape.key, f"{type(err).__name__}: {err}")
+                    say(f"failed {shape.key}: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+                    if dev.type == "cuda":
+                        torch.cuda.empty_cache()
+                    continue
+                sink.append(_row(shape, t.median_s, t.min_s, t.std_s, t.repeats, prov))
+                counts[shape.key] += 1
+                measured += 1
+                if (i + 1) % 100 == 0:
+                    say(f"  pass {p + 1}/{passes}: {i + 1}/{len(shapes)} kernel shapes")
+        if launch_overhead and launch_key not in done:
+            per_op = _launch_overhead(dev)
+            sink.append(
+                Measurement(
+                    kind="overhead",
+                    op="launch",
+                    time_s=per_op,
+                    repeats=5,
+                    source=SOURCE,
+                    note=f"shape={launch_key}",
+                    **_prov(prov),
+                )
+            )
+            measured += 1
+    pending = [c for c in collectives if c.key not in done]
+    if pending:
+        measured += _run_collectives(pending, out, dev.type, threads, warmup, repeats, prov)
+    missing = tuple(missing_shapes(out))
+    return ProfileReport(
+        out=out, planned=len(planned), measured=measured, resumed=resumed, missing=missing, device=device_name(dev)
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _run_collectives(
+    shapes: Sequence[Shape],
+    out: Path,
+    dev_type: str,
+    threads: int | None,
+    warmup: int,
+    repeats: int,
+    prov: dict[str, str],
+) -> int:
+    torch = require_torch()
+    ranks = shapes[0].ranks
+    if dev_type == "cuda" and torch.cuda.device_count() < ranks:
+        raise CalibrationError(f"--ranks {ranks}: only {torch.cuda.device_count()} GPUs are visible")
+    before = len(_done_keys(out))
+    payload = [(s.op, s.bytes, s.key) for s in shapes]
+    # Collectives between processes are at the mercy of the scheduler (a preempted rank stalls the others
+    # for a time slice), so they get more timed runs than kernels for a stable median.
+    repeats = max(2 * repeats, 10)
+    spawn(
+        _collective_worker,
+        (ranks, _free_port(), dev_type, threads or 1, payload, str(out), warmup, repeats, prov),
+        ranks,
+        "collective benchmark",
+    )
+    return len(_done_keys(out)) - before
+
+
+def _collective_worker(
+    rank: int,
+    ranks: int,
+    port: int,
+    dev_type: str,
+    threads: int,
+    payload: list[tuple[str, float, str]],
+    out_dir: str,
+    warmup: int,
+    repeats: int,
+    prov: dict[str, str],
+) -> None:
+    """One rank of the collective benchmark (spawned); rank 0 writes the rows."""
+    torch = require_torch()
+    dist = torch.distributed
+    torch.set_num_threads(threads)
+    if dev_type == "cuda":
+        torch.cuda.set_device(rank)
+    dev = torch.device(dev_type, rank) if dev_type == "cuda" else torch.device("cpu")
+    dist.init_process_group(
+        "nccl" if dev_type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=ranks,
+    )
+    out = Path(out_dir)
+    sink = RowAppender(out / COLLECTIVES_CSV) if rank == 0 else None
+    dt = getattr(torch, DTYPE)
+    try:
+        for op, size, key in payload:
+            n = max(int(size) // 2, ranks)
+            n -= n % ranks
+            try:
+                fn = _collective_fn(dist, torch, op, n, rank, ranks, dev, dt)
+                times = []
+                for i in range(warmup + repeats):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    if dev_type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    if i >= warmup:
+                        times.append(time.perf_counter() - t0)
+            except (RuntimeError, ValueError, NotImplementedError) as err:
+                if rank == 0:
+                    _record_failure(out, key, f"{type(err).__name__}: {err}")
+                dist.barrier()
+                continue
+            if sink is not None:
+                times.sort()
+                shape = Shape(kind="collective", op=op, bytes=float(2 * n), ranks=ranks)
+                mean = sum(times) / len(times)
+                std = math.sqrt(sum((t - mean) ** 2 for t in times) / len(times))
+                row = _row(shape, times[len(times) // 2], times[0], std, len(times), prov)
+                sink.append(replace(row, note=f"shape={key}"))
+    finally:
+        if sink is not None:
+            sink.close()
+        dist.destroy_process_group()
+
+
+def _collective_fn(dist: Any, torch: Any, op: str, n: int, rank: int, ranks: int, dev: Any, dt: Any) -> Any:
+    """The timed call; sizes follow nccl-tests (buffer, gathered output, scattered input, send buffer)."""
+    if op == "all_reduce":
+        buf = torch.ones(n, device=dev, dtype=dt)
+        return lambda: dist.all_reduce(buf)
+    if op == "all_gather":
+        part = torch.ones(n // ranks, device=dev, dtype=dt)
+        outs = [torch.empty_like(part) for _ in range(ranks)]
+        return lambda: dist.all_gather(outs, part)
+    if op == "reduce_scatter":
+        inp = torch.ones(n, device=dev, dtype=dt)
+        res = torch.empty(n // ranks, device=dev, dtype=dt)
+        single = getattr(dist, "reduce_scatter_single", None)  # the newer name (torch >= 2.13)
+        if single is not None:
+            return lambda: single(res, inp)
+        return lambda: dist.reduce_scatter_tensor(res, inp)
+    if op == "all_to_all":
+        inp = torch.ones(n, device=dev, dtype=dt)
+        res = torch.empty_like(inp)
+        return lambda: dist.all_to_all_single(res, inp)
+    send = torch.ones(n, device=dev, dtype=dt)
+    recv = torch.empty_like(send)
+
+    def exchange() -> None:
+        reqs = [dist.isend(send, (rank + 1) % ranks), dist.irecv(recv, (rank - 1) % ranks)]
+        for r in reqs:
+            r.wait()
+
+    return exchange

@@ -1,0 +1,225 @@
+"""The calibration loop as functions the CLI composes: fit files, write host profiles, run the whole loop.
+
+:func:`fit_files` reads measurement CSVs (profile folders or importer output), chooses the device the
+efficiencies are relative to (a named device profile, or one derived from the rows' own probes), fits the
+table and the held-out residual report, and lists shapes a profile folder planned but never measured.
+:func:`run_host` is ``clustersim calibrate host``: profile the check configurations' kernels (and the
+collectives between local ranks), fit, write ``devices/``, ``calibration/`` and ``clusters/`` YAML files
+that ``clustersim simulate --cluster`` accepts, and check the predictions against real training steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simulator.calibration.fit import fit_table, holdout_errors
+from simulator.calibration.host import cluster_mapping, device_mapping, host_cluster, host_device, write_yaml
+from simulator.calibration.rows import Measurement, read_rows
+from simulator.errors import CalibrationError
+from simulator.specs.calibration import CalibrationTable
+from simulator.specs.hardware import DeviceSpec
+
+__all__ = ["FitResult", "HostResult", "fit_files", "own_profile", "run_host", "summarize_errors", "write_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """A fitted table with what it was fitted from and how well it predicts held-out rows."""
+
+    table: CalibrationTable
+    device: DeviceSpec
+    derived_device: bool
+    rows: tuple[Measurement, ...]
+    residuals: dict[str, list[float]]
+    missing: tuple[tuple[str, str, str], ...]  # (folder, shape, reason)
+
+
+def own_profile(rows: Sequence[Measurement]) -> bool:
+    """Whether every kernel row comes from our profiler (then each kernel class was timed on its own)."""
+    from simulator.calibration.profile import SOURCE
+
+    kernels = [r for r in rows if r.kind != "collective"]
+    return bool(kernels) and all(r.source == SOURCE for r in kernels)
+
+
+def fit_files(
+    paths: Sequence[Path],
+    *,
+    name: str,
+    device: DeviceSpec | None = None,
+    holdout_every: int = 5,
+    ranks: int = 1,
+) -> FitResult:
+    """Fit a table from measurement files or folders (module docstring).
+
+    Raises
+    ------
+    CalibrationError
+        No rows, or no device to divide by.
+    """
+    from simulator.calibration.profile import missing_shapes
+
+    rows = read_rows(paths)
+    missing = tuple((str(p), key, why) for p in paths if p.is_dir() for key, why in missing_shapes(p))
+    derived = device is None
+    if device is None:
+        device = host_device(rows, name=name, ranks=ranks)
+    options: dict[str, Any] = {"min_bin_rows": 1, "generic_memory": "unclassified"} if own_profile(rows) else {}
+    table = fit_table(rows, device, name=name, source=_source(rows), provenance=_provenance(rows), **options)
+    residuals = holdout_errors(rows, device, holdout_every=holdout_every, **options) if holdout_every > 1 else {}
+    return FitResult(table, device, derived, tuple(rows), residuals, missing)
+
+
+def _source(rows: Sequence[Measurement]) -> str:
+    sources = sorted({r.source for r in rows if r.source})
+    text = "fitted by clustersim calibrate fit from " + ("; ".join(sources) or "measurements")
+    return text if len(text) < 300 else text[:297] + "..."
+
+
+def _provenance(rows: Sequence[Measurement]) -> tuple[tuple[str, str], ...]:
+    def joined(values: set[str]) -> str:
+        return ", ".join(sorted(v for v in values if v)) or "n/a"
+
+    return (
+        ("devices", joined({r.device for r in rows})),
+        ("hosts", joined({r.host for r in rows})),
+        ("dates", joined({r.date for r in rows})),
+        ("torch", joined({r.torch_version for r in rows})),
+        ("cuda", joined({r.cuda_version for r in rows})),
+        ("rows", str(len(rows))),
+    )
+
+
+def summarize_errors(residuals: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per curve and overall (``all kernels``: every compute curve): count, median and p90 of |error|."""
+    out: dict[str, dict[str, float]] = {}
+    kernels: list[float] = []
+    for key, signed in residuals.items():
+        errs = sorted(abs(e) for e in signed)
+        if ":" not in key or key.split(":")[0] in ("gemm", "attention", "attention_bwd"):
+            kernels += errs
+        out[key] = _stats(errs)
+    if kernels:
+        out["all kernels"] = _stats(sorted(kernels))
+    return out
+
+
+def _stats(errs: list[float]) -> dict[str, float]:
+    return {
+        "n": float(len(errs)),
+        "median_abs_error": statistics.median(errs),
+        "p90_abs_error": errs[min(len(errs) - 1, math.ceil(0.9 * len(errs)) - 1)],
+    }
+
+
+def write_table(table: CalibrationTable, path: Path, header: str = "") -> None:
+    """Write a calibration table as YAML; the same table gives the same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(table.to_mapping(), sort_keys=False, width=120)
+    path.write_text((f"# {header}\n" if header else "") + text, encoding="utf-8")
+
+
+def _default_ranks(device: str) -> int:
+    """Two ranks on a CPU with two or more cores (one DDP check), every GPU (up to 8) on CUDA."""
+    if device == "cpu":
+        return min(2, os.cpu_count() or 1)
+    from simulator.calibration.torchlib import require_torch
+
+    return max(1, min(8, int(require_torch().cuda.device_count())))
+
+
+@dataclass(frozen=True, slots=True)
+class HostResult:
+    """What ``calibrate host`` produced."""
+
+    device_yaml: Path
+    calibration_yaml: Path
+    cluster_yaml: Path
+    fit: FitResult
+    check: tuple[Any, ...]
+    wall_s: float
+
+
+def run_host(
+    out: Path,
+    *,
+    device: str = "cpu",
+    name: str | None = None,
+    configs: Sequence[Any] = (),
+    micro_batches: Sequence[int] = (1, 2, 4, 8),
+    ranks: int | None = None,
+    threads: int = 1,
+    steps: int = 5,
+    warmup: int = 2,
+    repeats: int = 3,
+    passes: int = 3,
+    rounds: int = 2,
+    cold_cache: bool = False,
+    check: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> HostResult:
+    """Profile, fit, write the host's device, calibration and cluster profiles, and check them."""
+    from simulator.calibration.check import CPU_CONFIGS, GPU_CONFIGS, run_check
+    from simulator.calibration.profile import collective_shapes, model_shapes, probe_shapes, run_profile
+    from simulator.specs.library import load_cluster
+
+    say = log or (lambda _msg: None)
+    t0 = time.perf_counter()
+    configs = tuple(configs) or (CPU_CONFIGS if device == "cpu" else GPU_CONFIGS)
+    name = name or f"host-{device}"
+    if ranks is None:
+        ranks = _default_ranks(device)
+    if ranks < 1:
+        raise CalibrationError(f"--ranks must be >= 1, got {ranks}")
+    configs = tuple(c for c in configs if c.ranks <= ranks)
+    shapes: dict[str, Any] = {}
+    for cfg in configs:
+        mbs = sorted({*micro_batches, cfg.micro_batch})
+        for shape in model_shapes(cfg.model(), micro_batches=mbs):
+            shapes.setdefault(shape.key, shape)
+    profile_dir = out / "profile"
+    say(f"profiling {len(shapes)} kernel shapes of {len(configs)} configurations into {profile_dir}")
+    report = run_profile(
+        [*shapes.values(), *probe_shapes(device)],
+        profile_dir,
+        device=device,
+        threads=threads,
+        repeats=repeats,
+        passes=passes,
+        cold_cache=cold_cache,
+        collectives=collective_shapes(ranks, device) if ranks > 1 else (),
+        log=say,
+    )
+    if report.missing:
+        say(f"{len(report.missing)} shapes missing (see {profile_dir / 'failures.csv'}); fitting what was measured")
+    fit = fit_files([profile_dir], name=name, ranks=ranks)
+    device_yaml = out / "devices" / f"{name}.yaml"
+    calibration_yaml = out / "calibration" / f"{name}.yaml"
+    cluster_yaml = out / "clusters" / f"{name}.yaml"
+    write_yaml(device_mapping(fit.device), device_yaml, "measured by clustersim calibrate host")
+    write_table(fit.table, calibration_yaml, "fitted by clustersim calibrate host from profile/")
+    cluster = host_cluster(fit.device, fit.table, fit.rows, name=name, ranks=ranks)
+    write_yaml(
+        cluster_mapping(cluster, device_ref=f"../devices/{name}.yaml", calibration_ref=f"../calibration/{name}.yaml"),
+        cluster_yaml,
+        "this machine, measured by clustersim calibrate host",
+    )
+    loaded = load_cluster(cluster_yaml)
+    rows: tuple[Any, ...] = ()
+    if check:
+        say(f"checking {len(configs)} configurations against real training steps")
+        rows = tuple(
+            run_check(configs, loaded, device=device, threads=threads, steps=steps, warmup=warmup, rounds=rounds)
+        )
+        (out / "check.json").write_text(json.dumps([r.as_dict() for r in rows], indent=1) + "\n", encoding="utf-8")
+    return HostResult(device_yaml, calibration_yaml, cluster_yaml, replace(fit), rows, time.perf_counter() - t0)

@@ -1,0 +1,147 @@
+"""``clustersim calibrate`` end to end on a tiny CPU loop, the importers on shipped data, and bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "data" / "calibration"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.torch
+def test_tiny_loop_profile_fit_check_and_simulate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    host = tmp_path / "host"
+    code, out, err = run(
+        ["calibrate", "host", "--configs", "tiny", "--micro-batch", "1,2", "--ranks", "1", "--steps", "2",
+         "--warmup", "1", "--repeats", "3", "--out", str(host), "--format", "json"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert len(result["rows"]) == 2
+    for row in result["rows"]:
+        assert row["measured_s"] > 0
+        assert row["predicted_s"] > 0
+        assert row["error"] == pytest.approx(row["predicted_s"] / row["measured_s"] - 1)
+    assert result["residuals"]["all kernels"]["n"] > 0
+    cluster = host / "clusters" / "host-cpu.yaml"
+    assert run(["check", str(cluster), str(host / "devices" / "host-cpu.yaml")], capsys)[0] == 0
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text("name: tiny\nlayers: 2\nhidden: 64\nheads: 4\nffn_hidden: 256\nvocab: 256\nseq_len: 32\n")
+    code, out, err = run(
+        ["simulate", "--model", str(model), "--cluster", str(cluster), "--gpus", "1", "--global-batch", "1",
+         "--micro-batch", "1", "--format", "json"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["calibration"] == "host-cpu"
+
+    # The same loop by hand: profile, fit (with residuals), check against the cluster written above.
+    prof = tmp_path / "prof"
+    code, out, err = run(["calibrate", "profile", "--configs", "tiny", "--repeats", "3", "--out", str(prof)], capsys)
+    assert code == 0, err
+    assert "planned" in out
+    table = tmp_path / "t.yaml"
+    code, out, err = run(["calibrate", "fit", str(prof), "--out", str(table), "--format", "json"], capsys)
+    assert code == 0, err
+    fitted = json.loads(out)
+    assert fitted["derived_device"]
+    assert fitted["missing"] == []
+    assert "gemm:bf16" in fitted["curves"]
+    first = table.read_bytes()
+    assert run(["calibrate", "fit", str(prof), "--out", str(table)], capsys)[0] == 0
+    assert table.read_bytes() == first  # same rows, same bytes
+    code, out, err = run(
+        ["calibrate", "check", "--configs", "tiny", "--cluster", str(cluster), "--steps", "2", "--format", "json"],
+        capsys,
+    )
+    assert code == 0, err
+    assert {"configuration", "measured_s", "predicted_s", "error"} <= set(json.loads(out)["rows"][0])
+
+
+def test_importers_write_rows_from_shipped_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rows"
+    mlp = DATA / "vidur" / "compute" / "h100" / "Llama-2-7b-hf" / "mlp.csv"
+    assert run(["calibrate", "import-vidur", str(mlp), "--out", str(out / "vidur.csv")], capsys)[0] == 0
+    vtrain = DATA / "vtrain" / "a100_all_reduce_4gpu.txt"
+    assert run(["calibrate", "import-nccl-tests", str(vtrain), "--out", str(out / "nccl.csv")], capsys)[0] == 0
+    code, text, err = run(
+        ["calibrate", "fit", str(out / "vidur.csv"), "--device", "H100-SXM5-80GB", "--out", str(tmp_path / "h.yaml")],
+        capsys,
+    )
+    assert code == 0, err
+    assert "held-out residuals" in text
+    assert "gemm:fp16" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["calibrate", "fit", "/nonexistent/dir", "--out", "t.yaml"], "no such file or directory"),
+        (["calibrate", "fit", "data/calibration/vtrain", "--out", "t.txt"], "must be a .yaml file"),
+        (["calibrate", "import-vidur", "/nonexistent.csv", "--out", "x.csv"], "no such file"),
+        (["calibrate", "import-torch-profiler", "README.md", "--out", "x.csv"], "Chrome trace"),
+        (["calibrate", "profile", "--out", "x"], "give --model"),
+        (["calibrate", "profile", "--tp", "0", "--out", "x"], "positive integers"),
+        (["calibrate", "profile", "--model", "gpt3-175b", "--tp", "5", "--out", "x"], "divide"),
+        (["calibrate", "check", "--cluster", "dgx-a100-80g-typo.yaml"], "file not found"),
+    ],
+)
+def test_bad_input_exits_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(ROOT)
+    argv = [a if a not in ("x", "x.csv", "t.yaml", "t.txt") else str(tmp_path / a) for a in argv]
+    code, _, err = run(argv, capsys)
+    assert code == 2
+    assert err.startswith("error:")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_missing_torch_is_a_clean_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch now raises ImportError
+    code, _, err = run(["calibrate", "profile", "--configs", "tiny", "--out", str(tmp_path)], capsys)
+    assert code == 2
+    assert "pip install 'clustersim[profile]'" in err
+
+
+def test_check_without_a_table_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["calibrate", "check", "--cluster", "dgx-v100", "--configs", "tiny"], capsys)
+    assert code == 2
+    assert "no calibration table" in err
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_collectives_and_ddp_on_two_processes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    prof = tmp_path / "prof"
+    code, _, err = run(
+        ["calibrate", "profile", "--configs", "tiny", "--collectives", "--ranks", "2", "--out", str(prof)], capsys
+    )
+    assert code == 0, err
+    rows = (prof / "collectives.csv").read_text().splitlines()
+    assert len(rows) > 10
+    code, out, err = run(["calibrate", "host", "--configs", "cpu", "--out", str(tmp_path / "h"), "--format", "json"],
+                         capsys)  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert any(r["configuration"]["ranks"] == 2 for r in result["rows"])
+    assert result["median_abs_error"] <= 0.2

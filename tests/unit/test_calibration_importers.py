@@ -1,0 +1,104 @@
+"""Importers on the shipped public data (data/calibration/) and on small nccl-tests and Kineto samples."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.calibration.fit import fit_table
+from simulator.calibration.importers.nccl_tests import import_nccl_tests, import_vtrain_table
+from simulator.calibration.importers.torch_profiler import import_torch_trace
+from simulator.calibration.importers.vidur import import_vidur_compute, import_vidur_network
+from simulator.cost.communication import bus_factor
+from simulator.errors import CalibrationError
+from simulator.specs.library import load_device
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "calibration"
+
+NCCL_OUTPUT = """\
+# nThread 1 nGpus 1 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20
+# Collective test starting: all_reduce_perf
+#  Rank  0 Group  0 Pid  1 on node-a device  0 [0x07] NVIDIA H100 80GB HBM3
+#  Rank  1 Group  0 Pid  2 on node-a device  1 [0x0f] NVIDIA H100 80GB HBM3
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+     1048576        262144     float     sum      -1    20.00   52.43   52.43      0    19.80   52.96   52.96      0
+   134217728      33554432     float     sum      -1   420.00  319.57  319.57      0   419.00  320.33  320.33      0
+"""
+
+
+def test_vidur_a100_compute_rows_are_physical() -> None:
+    rows = import_vidur_compute(DATA / "vidur" / "compute" / "a100" / "Llama-2-7b-hf" / "mlp.csv")
+    gemms = [r for r in rows if r.kind == "gemm"]
+    assert len(gemms) > 100
+    assert any(r.kind == "memory" for r in rows)
+    peak = load_device("A100-SXM4-80GB").peak("fp16")
+    best = max(r.flops / r.time_s for r in gemms)
+    assert 0.5 * peak < best < peak  # large fp16 GEMMs reach 50-100% of the A100's 312 TFLOP/s
+
+
+def test_vidur_network_rows_have_scope_and_sizes() -> None:
+    rows = import_vidur_network(DATA / "vidur" / "network" / "a100_dgx" / "all_reduce.csv")
+    domain = [r for r in rows if r.scope == "domain" and r.ranks == 8]
+    assert domain
+    big = max(domain, key=lambda r: r.bytes)
+    busbw = big.bytes / big.time_s * bus_factor("all_reduce", 8)
+    assert 100e9 < busbw < 300e9  # NVLink 3 all-reduce bus bandwidth on a DGX A100
+
+
+def test_vtrain_table_matches_its_documented_check() -> None:
+    rows = import_vtrain_table(DATA / "vtrain" / "a100_all_reduce_8gpu.txt")
+    gib = next(r for r in rows if r.bytes == 2**30)
+    assert gib.ranks == 8
+    assert gib.time_s == pytest.approx(8.2e-3, rel=0.05)
+    table = fit_table(rows, load_device("A100-SXM4-80GB"), name="vtrain")
+    assert table.collectives[0].collective == "all_reduce"
+
+
+def test_nccl_tests_output(tmp_path: Path) -> None:
+    path = tmp_path / "all_reduce.txt"
+    path.write_text(NCCL_OUTPUT)
+    rows = import_nccl_tests(path)
+    assert [r.op for r in rows] == ["all_reduce", "all_reduce"]
+    assert rows[0].ranks == 2
+    assert rows[0].scope == "domain"
+    assert rows[0].device == "NVIDIA H100 80GB HBM3"
+    assert rows[1].time_s == pytest.approx(420e-6)
+    (tmp_path / "empty.txt").write_text("# nothing\n")
+    with pytest.raises(CalibrationError, match="cannot tell which collective"):
+        import_nccl_tests(tmp_path / "empty.txt")
+
+
+def test_torch_profiler_cpu_trace(tmp_path: Path) -> None:
+    events = [
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100, "args": {"Input Dims": [[64, 128], [128, 256]],
+         "Input type": ["c10::BFloat16", "c10::BFloat16"], "External id": 1}},
+        {"cat": "cpu_op", "name": "aten::gelu", "ts": 200, "dur": 10, "args": {"Input Dims": [[64, 256]],
+         "Input type": ["c10::BFloat16"], "External id": 2}},
+    ]  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    rows = import_torch_trace(path, device="cpu")
+    gemm = next(r for r in rows if r.kind == "gemm")
+    assert (gemm.m, gemm.k, gemm.n, gemm.precision) == (64, 128, 256, "bf16")
+    assert gemm.time_s == pytest.approx(100e-6)
+    path.write_text("not json")
+    with pytest.raises(CalibrationError, match="Chrome trace"):
+        import_torch_trace(path)
+
+
+@pytest.mark.torch
+def test_torch_profiler_real_kineto_trace(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    w = torch.randn(128, 256, dtype=torch.bfloat16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.nn.functional.gelu(torch.mm(x, w))
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    rows = import_torch_trace(path, device="cpu")
+    gemm = next(r for r in rows if r.kind == "gemm")
+    assert (gemm.m, gemm.k, gemm.n) == (64, 128, 256)
+    assert any(r.kind == "memory" and "gelu" in r.op for r in rows)

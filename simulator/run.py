@@ -408,6 +408,7 @@ def _pipeline_input(
                 optimizer_s=optimizer_s,
                 param_gather_s=param_gather_s,
                 dp_network=layout.dp.crosses_network or layout.edp.crosses_network,
+                cp_network=layout.cp.crosses_network,
             )
         )
     p = plan.pp

@@ -46,8 +46,9 @@ class StageInput:
     ``fwd[c]``, ``bwd[c]``, ``wgt[c]`` are the folded programs of chunk c; ``dp_buckets[c]`` the gradient
     reduction times of chunk c's buckets; ``dp_tail_s`` collectives after all buckets (e.g. the tied
     embedding's gradient all-reduce between first and last stage); ``param_gather_s`` the all-gather of
-    updated parameters under a sharded optimizer. ``dp_network`` says whether the gradient reduction
-    leaves the NVLink domain, i.e. shares the stage's NICs with pipeline transfers that do too.
+    updated parameters under a sharded optimizer. ``dp_network`` and ``cp_network`` say whether the
+    gradient reduction and the context-parallel ring leave the NVLink domain, i.e. share the stage's NICs
+    with each other and with pipeline transfers that do too.
     """
 
     order: tuple[Task, ...]
@@ -59,6 +60,7 @@ class StageInput:
     optimizer_s: float
     param_gather_s: float
     dp_network: bool = False
+    cp_network: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,20 +220,34 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     # that shares the stage's NICs pushes it back (see _share_nics).
     dp_free = [0.0] * p
     dp_on_network = [st.dp_network for st in inp.stages]
+    # The context-parallel ring runs inside compute tasks: per stage, until when the current task runs and
+    # which fraction of it the ring keeps the NICs busy (its folded busy time over the task's length).
+    cp_on_network = [st.cp_network for st in inp.stages]
+    cp_window = [(0.0, 0.0)] * p
+
+    def _cp_share(stage: int, begin: float, duration: float) -> float:
+        """Extra time of a flow of ``duration`` from ``begin`` on that shares the NICs with the CP ring."""
+        if not cp_on_network[stage]:
+            return 0.0
+        until, fraction = cp_window[stage]
+        return min(duration, max(until - begin, 0.0)) * fraction
 
     def _share_nics(now: float, duration: float, ends: tuple[int, int], busy: list[float]) -> float:
-        """Extra time of a pipeline transfer sharing NICs with gradient reduction still in flight.
+        """Extra time of a pipeline transfer sharing NICs with gradient reduction or the CP ring in flight.
 
         Two flows on one NIC share it fairly: while both run each gets half the bandwidth, so the transfer
         is longer, and the reduction later, by the time they overlap (processor sharing of two saturating
-        flows). A reduction that starts while a transfer is in flight is not slowed (an approximation).
+        flows); against the CP ring, by the overlap times the fraction of the task the ring is on the wire.
+        A reduction that starts while a transfer is in flight, and the ring itself, are not slowed (an
+        approximation: the ring is mostly hidden behind attention compute).
         """
         extra = 0.0
         for stage in set(ends):
+            shared = 0.0
             if dp_on_network[stage]:
-                overlap = min(duration, max(busy[stage] - now, 0.0))
-                busy[stage] += overlap
-                extra = max(extra, overlap)
+                shared = min(duration, max(busy[stage] - now, 0.0))
+                busy[stage] += shared
+            extra = max(extra, shared + _cp_share(stage, now, duration))
         return extra
 
     # The last backward-type task of each chunk releases that chunk's gradient buckets.
@@ -255,6 +271,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         def reduce(duration: float, ready: float) -> None:
             nonlocal reduced
             begin = max(dp_free[s], ready)
+            if dp_on_network[s]:
+                duration += _cp_share(s, begin, duration)
             dp_free[s] = begin + duration
             reduced += 1
             if record and duration > 0:
@@ -272,6 +290,9 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                     yield from _wait(env, a, ev, sent_at, id(ev))
             res = st.fwd[t.chunk] if t.kind == "F" else st.bwd[t.chunk] if t.kind == "B" else st.wgt[t.chunk]
             start = env.now
+            if cp_on_network[s] and res.duration_s > 0:
+                cp_busy = dict(res.comm_s).get("cp", 0.0)
+                cp_window[s] = (start + res.duration_s, min(cp_busy / res.duration_s, 1.0))
             buckets = st.dp_buckets[t.chunk] if last_bwd[s].get(t.chunk) == t else ()
             if buckets and inp.grad_overlap:
                 # One piece per bucket; each piece frees its bucket, later pieces overlap the reduction and

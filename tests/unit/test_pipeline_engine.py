@@ -196,3 +196,30 @@ def test_pipeline_transfers_share_the_nics_with_gradient_reduction() -> None:
     assert r.step_time_s == pytest.approx(8.5)
     # Stage 1's reduction was pushed back by the 0.5 s it shared, and still ends before the step does.
     assert r.stages[1].end_s == pytest.approx(6.0)
+
+
+def test_gradient_reduction_shares_the_nics_with_a_context_parallel_ring() -> None:
+    """Issue 3 (NIC sharing, CP): one stage, F=1, B=2 whose context-parallel ring keeps the NICs busy half of
+    the time (1 s of 2), two buckets of 1.5 s and 0.5 s released at the middle and the end of the backward.
+    The first bucket shares the NICs with the ring for the remaining 1 s of the backward, at half rate for
+    half of that time: +0.5 s; the second starts after it. Step: 1 + 1 + 1.5 + 0.5 + 0.5 = 4.5 s (4.0 without
+    sharing)."""
+    order = generate("1f1b", 1, 1, 1)[0]
+    stage = StageInput(
+        order=order,
+        fwd=(_task(1.0),),
+        bwd=(FoldResult(duration_s=2.0, compute_s=2.0, exposed=(), comm_s=(("cp", 1.0),)),),
+        wgt=(_task(0.0),),
+        dp_buckets=((1.5, 0.5),),
+        dp_tail_s=0.0,
+        optimizer_s=0.0,
+        param_gather_s=0.0,
+    )
+
+    def step(shared: bool) -> float:
+        st = replace(stage, dp_network=shared, cp_network=shared)
+        pipe = PipelineInput(stages=(st,), vp=1, send_fwd_s=(0.0,), send_bwd_s=(0.0,), grad_overlap=True)
+        return simulate_pipeline(pipe).step_time_s
+
+    assert step(False) == pytest.approx(4.0)
+    assert step(True) == pytest.approx(4.5)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.calibration.torchlib import build_gpt, require_torch, setup_device, spawn
+from simulator.calibration.torchlib import build_gpt, init_rank, require_torch, setup_device, spawn
 from simulator.errors import CalibrationError
 from simulator.run import simulate
 from simulator.specs.hardware import ClusterSpec
@@ -200,13 +200,7 @@ def _ddp_worker(
     """One DDP rank (spawned); rank 0 writes the slowest rank's step times."""
     torch = require_torch()
     dist = torch.distributed
-    torch.set_num_threads(threads)
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    dev = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
-    dist.init_process_group(
-        "nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.ranks
-    )
+    dev = init_rank(rank, cfg.ranks, device, threads, port)
     try:
         ids = [rank] if device == "cuda" else None
 

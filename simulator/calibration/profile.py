@@ -40,6 +40,7 @@ from simulator.calibration.torchlib import (
     DTYPE,
     device_name,
     finite,
+    init_rank,
     memory_guard,
     provenance,
     require_torch,
@@ -600,16 +601,7 @@ def _collective_worker(
     """One rank of the collective benchmark (spawned); rank 0 writes the rows."""
     torch = require_torch()
     dist = torch.distributed
-    torch.set_num_threads(threads)
-    if dev_type == "cuda":
-        torch.cuda.set_device(rank)
-    dev = torch.device(dev_type, rank) if dev_type == "cuda" else torch.device("cpu")
-    dist.init_process_group(
-        "nccl" if dev_type == "cuda" else "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=ranks,
-    )
+    dev = init_rank(rank, ranks, dev_type, threads, port)
     out = Path(out_dir)
     sink = RowAppender(out / COLLECTIVES_CSV) if rank == 0 else None
     dt = getattr(torch, DTYPE)

@@ -193,6 +193,22 @@ def spawn(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, what: str
         ) from None
 
 
+def init_rank(rank: int, world_size: int, device: str, threads: int, port: int) -> Any:
+    """Join a local process group as ``rank`` (NCCL on CUDA, gloo on the CPU); returns the rank's device."""
+    torch = require_torch()
+    torch.set_num_threads(threads)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dev = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
+    torch.distributed.init_process_group(
+        "nccl" if device == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+    )
+    return dev
+
+
 def memory_guard(needed_bytes: float, dev: Any) -> None:
     """Refuse a CPU benchmark that would not fit in free memory (raised as RuntimeError, like a CUDA OOM)."""
     if dev.type != "cpu":

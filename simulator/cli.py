@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from simulator import __version__
-from simulator.errors import CalibrationError, InfeasiblePlanError, SpecError
+from simulator.errors import CalibrationError, InfeasiblePlanError, SimulatorError, SpecError
 from simulator.units import GIB, fmt_seconds
 
 __all__ = ["main", "main_entry"]
@@ -24,6 +24,7 @@ __all__ = ["main", "main_entry"]
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
+EXIT_INTERNAL = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -484,7 +485,7 @@ def _build_parser() -> _Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 2 bad input, 3 infeasible plan)."""
+    """Run the CLI; returns the exit code (0 ok, 1 internal error, 2 bad input, 3 infeasible plan)."""
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
@@ -501,6 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InfeasiblePlanError as err:
         print(f"infeasible: {err}", file=sys.stderr)
         return EXIT_INFEASIBLE
+    except SimulatorError as err:
+        # A post-run invariant failed: a defect of the simulator, not of the input.
+        print(f"error: internal check failed: {err}; please report this command line as a bug", file=sys.stderr)
+        return EXIT_INTERNAL
     except BrokenPipeError:
         return EXIT_OK
     return code

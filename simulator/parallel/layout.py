@@ -106,6 +106,7 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     )
     _require(pp <= model.layers, f"'pp' must be at most 'layers': pp={pp}, layers={model.layers}")
     if vp > 1:
+        _require(pp > 1, f"interleaving ('vp' > 1) needs a pipeline: vp={vp}, pp={pp}; use pp >= 2 or vp=1")
         # Megatron-LM wants pp·vp to divide the layers; uneven first/last stages (as Llama 3 ran) are allowed
         # as long as every virtual stage keeps at least one layer (parallel.stages takes the remainder from
         # the ends).

@@ -188,6 +188,8 @@ def test_validate_rejects_csv_without_required_columns(tmp_path: Path, capsys: p
             ["--tp", "8", "--gpus", "64", "--global-batch", "12", "--micro-batch", "1"],
             "'global_batch' must be a multiple of dp·micro_batch",
         ),
+        # Interleaving without a pipeline once deadlocked the engine and printed a traceback.
+        (["--tp", "8", "--gpus", "64", "--pp", "1", "--vp", "4"], "interleaving ('vp' > 1) needs a pipeline"),
     ],
 )
 def test_impossible_plans_exit_3(extra: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -352,3 +354,21 @@ def test_check_accepts_plan_files_without_a_gpu_count(
     (tmp_path / "plan.yaml").write_text(content)
     assert main(["check", str(tmp_path / "plan.yaml")]) == 0
     assert "(plan)" in capsys.readouterr().out
+
+
+def test_internal_error_is_a_message_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed post-run invariant (a simulator defect) is reported in one line with exit 1."""
+    import simulator.run
+    from simulator.errors import SimulatorError
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise SimulatorError("pipeline deadlock: 3 tasks never ran")
+
+    monkeypatch.setattr(simulator.run, "simulate", broken)
+    code = main(["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("error: internal check failed: pipeline deadlock")
+    assert "Traceback" not in err

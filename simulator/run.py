@@ -17,7 +17,7 @@ from simulator.cost.communication import CommModel
 from simulator.cost.compute import ComputeModel
 from simulator.cost.memory import StageMemory, stage_memory
 from simulator.engine.fold import FoldResult, TimedStep, fold
-from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, simulate_pipeline
+from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, lower_bound, simulate_pipeline
 from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
@@ -44,6 +44,9 @@ BUCKET_PARAMS_MIN = 40_000_000
 BUCKET_PARAMS_PER_DP = 1_000_000
 MICRO_BATCH_CANDIDATES_MAX = 16
 RECOMPUTE_ORDER = ("none", "selective", "full")
+# Relative margin by which a candidate's lower bound must exceed the fastest step found before the free-knob
+# search skips it: the bound sums the same durations in another order, so it may round a few ulps high.
+BOUND_SLACK = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,17 +205,29 @@ def simulate(
     plan = replace(plan, seq_len=seq_len)
     if not plan.free_knobs:
         return _run(model, cluster, plan, record, {})
-    best: StepResult | None = None
+    # Every candidate is prepared (memory, durations) first, which is cheap; the engine then runs them in
+    # the order of a lower bound on their step time and skips those whose bound cannot beat the fastest
+    # found so far. The choice is the same as running every candidate (ties go to the earlier candidate).
+    prepared: list[tuple[float, int, _Prepared]] = []
     fallback: StepResult | None = None
-    for candidate in _candidates(model, plan):
-        result = _first_fitting_recompute(model, cluster, candidate, plan)
-        if result is None:
-            continue
-        if result.feasible:
-            if best is None or result.step_time_s < best.step_time_s - 1e-12:
-                best = result
-        elif fallback is None or result.peak_memory_bytes < fallback.peak_memory_bytes:
-            fallback = result
+    for index, candidate in enumerate(_candidates(model, plan)):
+        got = _first_fitting_recompute(model, cluster, candidate, plan)
+        if isinstance(got, _Prepared):
+            prepared.append((lower_bound(got.pipe), index, got))
+        elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
+            fallback = got
+    finished: list[tuple[int, StepResult]] = []
+    fastest = math.inf
+    for bound, index, ready in sorted(prepared, key=lambda item: (item[0], item[1])):
+        if bound > fastest * (1.0 + BOUND_SLACK):
+            break
+        result = _finish(model, cluster, ready)
+        finished.append((index, result))
+        fastest = min(fastest, result.step_time_s)
+    best: StepResult | None = None
+    for _, result in sorted(finished, key=lambda item: item[0]):
+        if best is None or result.step_time_s < best.step_time_s - 1e-12:
+            best = result
     chosen = best or fallback
     if chosen is None:
         raise InfeasiblePlanError(
@@ -270,19 +285,21 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
 
 def _first_fitting_recompute(
     model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec
-) -> StepResult | None:
+) -> StepResult | _Prepared | None:
+    """The candidate with the least recomputation that fits, prepared for the engine; else the last
+    (infeasible) memory-only result, or None when no recompute setting gives a runnable plan."""
     options = [candidate.recompute] if candidate.recompute is not None else list(RECOMPUTE_ORDER)
     last: StepResult | None = None
     for rc in options:
         trial = replace(candidate, recompute=rc)
         chosen = {k: getattr(trial, k) for k in original.free_knobs}
         try:
-            result = _run(model, cluster, trial, False, chosen, memory_only_if_infeasible=True)
+            got = _prepare(model, cluster, trial, False, chosen, memory_only_if_infeasible=True)
         except InfeasiblePlanError:
             return last
-        if result.feasible:
-            return result
-        last = result
+        if isinstance(got, _Prepared):
+            return got
+        last = got
     return last
 
 
@@ -298,6 +315,38 @@ def _run(
     *,
     memory_only_if_infeasible: bool = False,
 ) -> StepResult:
+    prepared = _prepare(model, cluster, plan, record, chosen, memory_only_if_infeasible=memory_only_if_infeasible)
+    return prepared if isinstance(prepared, StepResult) else _finish(model, cluster, prepared)
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A plan with every duration computed, ready for the engine (see :func:`_prepare`)."""
+
+    plan: PlanSpec
+    layout: Layout
+    graph: ModelGraph
+    memory: tuple[StageMemory, ...]
+    reason: str
+    chosen: dict[str, Any]
+    pipe: PipelineInput
+    hw_flops_rank: float
+    uncalibrated: frozenset[str]
+
+
+def _prepare(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: PlanSpec,
+    record: bool,
+    chosen: dict[str, Any],
+    *,
+    memory_only_if_infeasible: bool = False,
+) -> StepResult | _Prepared:
+    """Everything up to the engine: layout, graph, memory, schedule and the engine's input.
+
+    Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``.
+    """
     if plan.precision == "fp8" and "fp8" not in dict(cluster.device.peak_flops):
         raise InfeasiblePlanError(f"precision fp8 needs FP8 tensor cores; {cluster.device.name} has none")
     layout = resolve_layout(model, cluster, plan)
@@ -319,8 +368,13 @@ def _run(
     comm.uncalibrated.clear()
     slowdown = _overlap_slowdown(cluster)
     pipe, hw_flops_rank = _pipeline_input(graph, layout, chunks, orders, compute, comm, slowdown, cluster, record)
-    result = simulate_pipeline(pipe)
-    return _assemble(model, cluster, plan, layout, graph, memory, result, reason, chosen, compute, comm, hw_flops_rank)
+    labels = frozenset(compute.uncalibrated | comm.uncalibrated)
+    return _Prepared(plan, layout, graph, memory, reason, chosen, pipe, hw_flops_rank, labels)
+
+
+def _finish(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared) -> StepResult:
+    """Run the engine on a prepared plan and assemble the answer."""
+    return _assemble(model, cluster, prepared, simulate_pipeline(prepared.pipe))
 
 
 def _timed(program: Program, compute: ComputeModel, comm: CommModel) -> list[TimedStep]:
@@ -484,20 +538,9 @@ def _infeasible_result(
     )
 
 
-def _assemble(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: PlanSpec,
-    layout: Layout,
-    graph: ModelGraph,
-    memory: tuple[StageMemory, ...],
-    result: PipelineResult,
-    reason: str,
-    chosen: dict[str, Any],
-    compute: ComputeModel,
-    comm: CommModel,
-    hw_flops_rank: float,
-) -> StepResult:
+def _assemble(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared, result: PipelineResult) -> StepResult:
+    plan, layout, graph, memory = prepared.plan, prepared.layout, prepared.graph, prepared.memory
+    reason, chosen, hw_flops_rank = prepared.reason, prepared.chosen, prepared.hw_flops_rank
     step = result.step_time_s
     sequences = plan.global_batch
     tokens = sequences * layout.seq_len
@@ -526,7 +569,7 @@ def _assemble(
         stage_breakdown=stages,
         critical_stage=result.critical_stage,
         chosen=chosen,
-        uncalibrated_ops=tuple(sorted(compute.uncalibrated | comm.uncalibrated)),
+        uncalibrated_ops=tuple(sorted(prepared.uncalibrated)),
         calibration=cluster.calibration.name if cluster.calibration else "",
         timeline=result.timeline,
     )

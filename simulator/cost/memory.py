@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
-from simulator.parallel.program import chunk_params, shard_op
+from simulator.parallel.program import chunk_params, local_act_bytes, local_params
 from simulator.parallel.schedule import Task, in_flight
 from simulator.parallel.stages import Chunk
 from simulator.units import GIB, fmt_bytes
@@ -93,17 +93,21 @@ def _chunk_activations(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple
     tokens = layout.micro_batch * layout.seq_len / layout.cp.size
     sp_div = layout.tp.size if layout.sequence_parallel else 1
     layer_input = 2.0 * tokens * graph.model.hidden / sp_div  # 16-bit layer input
+    tp, cp = layout.tp.size, layout.cp.size
     for name, count in chunk.blocks:
-        ops = [shard_op(op, layout) for op in graph.block(name).forward]
-        full = sum(op.act_bytes for op in ops)
+        ops = graph.block(name).forward
+        full = sum(local_act_bytes(op, layout) for op in ops)
         if name.startswith("layer.") and layout.recompute == "full":
             kept += layer_input * count
             working = max(working, full)
         elif name.startswith("layer.") and layout.recompute == "selective":
             # The recomputed attention core still needs Q, K and V; what it alone keeps is dropped:
             # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused).
-            dropped = sum(op.act_bytes for op in ops if op.name in ("attn.softmax", "attn.dropout"))
-            dropped += sum(4.0 * op.batch * op.heads * op.seq_q for op in ops if op.kind == "attention")
+            dropped = sum(local_act_bytes(op, layout) for op in ops if op.name in ("attn.softmax", "attn.dropout"))
+            # Per rank the attention core has ceil(heads/tp) heads and ceil(seq_q/cp) queries (shard_op).
+            dropped += sum(
+                4.0 * op.batch * -(-op.heads // tp) * -(-op.seq_q // cp) for op in ops if op.kind == "attention"
+            )
             kept += (full - dropped) * count
         else:
             kept += full * count
@@ -148,7 +152,7 @@ def stage_memory(
         largest = 0.0
         for chunk in chunks:
             for name, _ in chunk.blocks:
-                largest = max(largest, sum(shard_op(op, layout).params for op in graph.block(name).forward))
+                largest = max(largest, sum(local_params(op, layout) for op in graph.block(name).forward))
         buffers += 2 * 2.0 * largest  # current and prefetched layer, gathered in 16-bit
     return StageMemory(
         stage=chunks[0].stage,

@@ -34,7 +34,7 @@ from simulator.engine.fold import FoldResult
 from simulator.errors import SimulatorError
 from simulator.parallel.schedule import Task
 
-__all__ = ["PipelineInput", "PipelineResult", "StageInput", "StageTimes", "simulate_pipeline"]
+__all__ = ["PipelineInput", "PipelineResult", "StageInput", "StageTimes", "lower_bound", "simulate_pipeline"]
 
 _EPS = 1e-9
 
@@ -403,3 +403,41 @@ def _critical_path(inp: PipelineInput) -> float:
             t += inp.send_bwd_s[(s - 1) % p]
     first = inp.stages[0]
     return t + (first.wgt[0].duration_s if first.wgt else 0.0) + first.optimizer_s
+
+
+def lower_bound(inp: PipelineInput) -> float:
+    """A cheap lower bound on ``simulate_pipeline(inp).step_time_s``, without running the engine.
+
+    Per stage: its compute stream cannot start before the first micro-batch's forward has crossed every
+    earlier stage (the fill), then runs each of its tasks for at least its nominal length (overlap and NIC
+    sharing only add), and ends with what must follow the last task (the last gradient bucket, or all of
+    them without ``grad_overlap``, the tail collectives, the optimizer, a blocking parameter all-gather).
+    When the stage's last task is a first-chunk backward, its gradient still has to cross every earlier
+    stage before stage 0 can finish (the drain). For p uniform stages under 1F1B with free communication
+    this is exactly (m + p − 1)·(F + B), the simulated step. Used by the free-knob search to skip plans that
+    cannot beat the fastest one found.
+    """
+    p = len(inp.stages)
+    bound = _critical_path(inp)
+    fill = 0.0
+    drain = 0.0
+    for s, st in enumerate(inp.stages):
+        busy = 0.0
+        for t in st.order:
+            res = st.fwd[t.chunk] if t.kind == "F" else st.bwd[t.chunk] if t.kind == "B" else st.wgt[t.chunk]
+            busy += res.duration_s
+        after = st.dp_tail_s + st.optimizer_s
+        last = st.order[-1] if st.order else None
+        if not inp.grad_overlap:
+            after += sum(sum(b) for b in st.dp_buckets) + st.param_gather_s
+        elif last is not None and last.kind in ("B", "W") and st.dp_buckets[last.chunk]:
+            final_kind = "W" if any(t.kind == "W" for t in st.order) else "B"
+            if last.kind == final_kind:
+                after += st.dp_buckets[last.chunk][-1]
+        bound = max(bound, fill + busy + after)
+        if s > 0 and last is not None and last.kind == "B" and last.chunk == 0:
+            bound = max(bound, fill + busy + drain + inp.stages[0].optimizer_s)
+        if s < p - 1:
+            fill += st.fwd[0].duration_s + inp.send_fwd_s[s]
+            drain += st.bwd[0].duration_s + inp.send_bwd_s[s]
+    return bound

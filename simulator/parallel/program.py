@@ -43,6 +43,8 @@ __all__ = [
     "build_programs",
     "chunk_params",
     "fp8_gemm",
+    "local_act_bytes",
+    "local_params",
     "shard_op",
 ]
 
@@ -93,17 +95,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     cp = layout.cp.size
     tok_div = cp * (tp if layout.sequence_parallel and op.sp_tokens else 1)
     tp_div = tp if op.tp_axis else 1
-    # A column-parallel GEMM keeps its *input*, which TP replicates (unless sequence parallelism splits
-    # it); a row-parallel GEMM, the attention core and TP-split memory ops keep TP-split tensors.
-    act_split = op.tp_axis not in ("", "n", "vocab") or (layout.sequence_parallel and tp > 1)
-    act_div = cp * (tp if act_split else 1)
-    act = op.act_bytes / act_div
-    if op.kind == "gemm" and fp8_gemm(op, layout):
-        act /= 2  # Transformer Engine keeps the FP8 copy of a GEMM input for the backward pass (1 byte)
-    changes: dict[str, object] = {
-        "act_bytes": act,
-        "params": op.params // tp_div if op.tp_axis else op.params,
-    }
+    changes: dict[str, object] = {"act_bytes": local_act_bytes(op, layout), "params": local_params(op, layout)}
     if op.kind == "memory":
         scale = 1.0 / (tok_div * (tp if op.tp_axis == "bytes" else 1))
         changes["read_bytes"] = op.read_bytes * scale
@@ -114,7 +106,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
         changes["heads"] = _ceil(op.heads, tp)
         changes["kv_heads"] = max(1, op.kv_heads // tp)
         return op.with_(**changes)
-    expert = op.batch > 1 and op.name.startswith("moe.experts")
+    expert = _is_expert_gemm(op)
     for axis, div in ((op.tok_axis, tok_div), (op.tp_axis, tp_div)):
         if axis and div > 1:
             changes[axis] = _ceil(int(getattr(op, axis)), div)
@@ -124,8 +116,30 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
         base = int(changes.get(field, getattr(op, field)))  # type: ignore[call-overload]
         changes[field] = max(1, math.ceil(base * ep * layout.plan.expert_imbalance))
         changes["batch"] = op.batch // ep
-        changes["params"] = int(changes["params"]) // ep  # type: ignore[call-overload]
     return op.with_(**changes)
+
+
+def _is_expert_gemm(op: Op) -> bool:
+    return op.kind == "gemm" and op.batch > 1 and op.name.startswith("moe.experts")
+
+
+def local_act_bytes(op: Op, layout: Layout) -> float:
+    """The activation bytes one rank keeps for ``op``'s backward (the ``act_bytes`` of :func:`shard_op`)."""
+    tp = layout.tp.size
+    # A column-parallel GEMM keeps its *input*, which TP replicates (unless sequence parallelism splits
+    # it); a row-parallel GEMM, the attention core and TP-split memory ops keep TP-split tensors.
+    act_split = op.tp_axis not in ("", "n", "vocab") or (layout.sequence_parallel and tp > 1)
+    act = op.act_bytes / (layout.cp.size * (tp if act_split else 1))
+    if op.kind == "gemm" and fp8_gemm(op, layout):
+        act /= 2  # Transformer Engine keeps the FP8 copy of a GEMM input for the backward pass (1 byte)
+    return act
+
+
+def local_params(op: Op, layout: Layout) -> int:
+    """The parameters of ``op`` one rank holds: split over tp along the TP axis, expert weights over ep
+    (the ``params`` of :func:`shard_op`, without building the sharded op)."""
+    params = op.params // layout.tp.size if op.tp_axis else op.params
+    return params // layout.ep.size if _is_expert_gemm(op) else params
 
 
 def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float, float]:
@@ -137,8 +151,8 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
     dense = expert = 0.0
     for name, count in chunk.blocks:
         for op in graph.block(name).forward:
-            local = shard_op(op, layout).params * count
-            if op.batch > 1 and op.name.startswith("moe.experts"):
+            local = local_params(op, layout) * count
+            if _is_expert_gemm(op):
                 expert += local
             else:
                 dense += local

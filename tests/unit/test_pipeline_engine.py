@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from simulator.engine.fold import FoldResult
-from simulator.engine.pipeline import PipelineInput, StageInput, simulate_pipeline
+from simulator.engine.pipeline import PipelineInput, StageInput, lower_bound, simulate_pipeline
 from simulator.errors import SimulatorError
 from simulator.parallel.schedule import generate
 
@@ -223,3 +225,62 @@ def test_gradient_reduction_shares_the_nics_with_a_context_parallel_ring() -> No
 
     assert step(False) == pytest.approx(4.0)
     assert step(True) == pytest.approx(4.5)
+
+
+@pytest.mark.parametrize(("p", "m", "send"), [(1, 4, 0.0), (2, 4, 0.0), (4, 8, 0.0), (8, 32, 0.0), (4, 8, 0.25)])
+def test_lower_bound_is_the_step_for_uniform_one_f_one_b(p: int, m: int, send: float) -> None:
+    """The free-knob search's bound: for p uniform 1F1B stages it is the simulated step itself, so it prunes
+    as much as a bound can; with transfers it stays below."""
+    inp = _pipe("1f1b", p, m, send=send)
+    step = simulate_pipeline(inp).step_time_s
+    if send == 0.0:
+        assert lower_bound(inp) == pytest.approx(step, rel=1e-12)
+    else:
+        assert step * 0.9 < lower_bound(inp) <= step
+
+
+@hst.composite
+def _uneven_pipes(draw: hst.DrawFn) -> PipelineInput:
+    """Stages of different lengths, any schedule, transfers, buckets, tails, optimizer and overlap slowdown."""
+    schedule = draw(hst.sampled_from(["gpipe", "1f1b", "interleaved", "zb_h1"]))
+    p = draw(hst.sampled_from([1, 2, 3, 4]))
+    v = draw(hst.sampled_from([2, 3])) if schedule == "interleaved" else 1
+    if schedule == "interleaved" and p == 1:
+        p = 2
+    m = p * draw(hst.integers(1, 3)) if schedule == "interleaved" else draw(hst.integers(1, 6))
+    overlap = draw(hst.booleans())
+    durations = hst.floats(0.0, 3.0, allow_nan=False)
+    stages = []
+    for order in generate(schedule, p, m, v):
+        stages.append(
+            StageInput(
+                order=order,
+                fwd=tuple(_task(draw(durations)) for _ in range(v)),
+                bwd=tuple(_task(draw(durations)) for _ in range(v)),
+                wgt=tuple(_task(draw(durations) if schedule == "zb_h1" else 0.0) for _ in range(v)),
+                dp_buckets=tuple(tuple(draw(hst.lists(durations, max_size=3))) for _ in range(v)),
+                dp_tail_s=draw(durations),
+                optimizer_s=draw(durations),
+                param_gather_s=draw(durations),
+                dp_network=draw(hst.booleans()),
+            )
+        )
+    sends = tuple(draw(hst.floats(0.0, 1.0)) for _ in range(p))
+    return PipelineInput(
+        stages=tuple(stages),
+        vp=v,
+        send_fwd_s=sends,
+        send_bwd_s=sends,
+        grad_overlap=overlap,
+        overlap_slowdown=draw(hst.sampled_from([0.0, 0.2])),
+        hop_network=tuple(draw(hst.booleans()) for _ in range(p)) if p > 1 else (),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(_uneven_pipes())
+def test_lower_bound_never_exceeds_the_step(inp: PipelineInput) -> None:
+    """The bound the free-knob search prunes with is a true lower bound on the simulated step, for every
+    schedule, uneven stages, transfers, NIC sharing, gradient buckets with and without overlap."""
+    step = simulate_pipeline(inp).step_time_s
+    assert lower_bound(inp) <= step * (1 + 1e-12) + 1e-12

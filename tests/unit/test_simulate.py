@@ -105,6 +105,30 @@ def test_free_knobs_pick_the_fastest_feasible_plan() -> None:
     assert chosen.step_time_s == pytest.approx(min(r.step_time_s for r in feasible), rel=1e-12)
 
 
+def test_search_skips_plans_that_cannot_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 3 (free knobs): the search runs the engine only on candidates whose lower bound can still beat
+    the fastest found, and answers exactly as running every candidate does."""
+    import simulator.run as run
+
+    calls: list[int] = []
+    finish = run._finish
+
+    def counting(*args: object) -> object:
+        calls.append(1)
+        return finish(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "_finish", counting)
+    free = PlanSpec(pp=4, dp=2, global_batch=64)
+    cluster = load_cluster("dgx-a100-80g")
+    pruned = simulate(SMALL, cluster, free)
+    pruned_runs = len(calls)
+    calls.clear()
+    monkeypatch.setattr(run, "BOUND_SLACK", float("inf"))
+    every = simulate(SMALL, cluster, free)
+    assert pruned.to_dict() == every.to_dict()
+    assert 0 < pruned_runs < len(calls)
+
+
 def test_step_shorter_than_the_critical_path_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 3 (post-run checks): the engine compares the step with the dependency critical path and raises
     when the step is shorter (here a critical path forced too long)."""

@@ -253,7 +253,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     # The last backward-type task of each chunk releases that chunk's gradient buckets.
     last_bwd: list[dict[int, Task]] = []
     for st in inp.stages:
-        final_kind = "W" if any(t.kind == "W" for t in st.order) else "B"
+        final_kind = _final_backward_kind(st.order)
         last: dict[int, Task] = {}
         for t in st.order:
             if t.kind == final_kind:
@@ -385,6 +385,11 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     )
 
 
+def _final_backward_kind(order: tuple[Task, ...]) -> str:
+    """The task kind that finishes a chunk's gradients: W where the schedule splits them off, else B."""
+    return "W" if any(t.kind == "W" for t in order) else "B"
+
+
 def _critical_path(inp: PipelineInput) -> float:
     """Longest dependency chain of one micro-batch through every virtual stage and back, plus the optimizer:
     a lower bound on the step that ignores that a stream runs one task at a time."""
@@ -430,10 +435,8 @@ def lower_bound(inp: PipelineInput) -> float:
         last = st.order[-1] if st.order else None
         if not inp.grad_overlap:
             after += sum(sum(b) for b in st.dp_buckets) + st.param_gather_s
-        elif last is not None and last.kind in ("B", "W") and st.dp_buckets[last.chunk]:
-            final_kind = "W" if any(t.kind == "W" for t in st.order) else "B"
-            if last.kind == final_kind:
-                after += st.dp_buckets[last.chunk][-1]
+        elif last is not None and last.kind == _final_backward_kind(st.order) and st.dp_buckets[last.chunk]:
+            after += st.dp_buckets[last.chunk][-1]  # released by the last task, reduced after it
         bound = max(bound, fill + busy + after)
         if s > 0 and last is not None and last.kind == "B" and last.chunk == 0:
             bound = max(bound, fill + busy + drain + inp.stages[0].optimizer_s)

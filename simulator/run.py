@@ -306,17 +306,11 @@ def _first_fitting_recompute(
 # -- one fully specified plan ------------------------------------------------------------------------------
 
 
-def _run(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: PlanSpec,
-    record: bool,
-    chosen: dict[str, Any],
-    *,
-    memory_only_if_infeasible: bool = False,
-) -> StepResult:
-    prepared = _prepare(model, cluster, plan, record, chosen, memory_only_if_infeasible=memory_only_if_infeasible)
-    return prepared if isinstance(prepared, StepResult) else _finish(model, cluster, prepared)
+def _run(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool, chosen: dict[str, Any]) -> StepResult:
+    """Simulate a fully specified plan (out of memory still runs the engine and says so in ``reason``)."""
+    prepared = _prepare(model, cluster, plan, record, chosen)
+    assert isinstance(prepared, _Prepared)  # only memory_only_if_infeasible stops before the engine
+    return _finish(model, cluster, prepared)
 
 
 @dataclass(frozen=True, slots=True)

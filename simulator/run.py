@@ -203,6 +203,7 @@ def simulate(
     """
     seq_len = plan.seq_len or model.seq_len
     plan = replace(plan, seq_len=seq_len)
+    _check_precision(cluster, plan)  # before the free-knob search, whose candidates would all fail alike
     if not plan.free_knobs:
         return _run(model, cluster, plan, record, {})
     # Every candidate is prepared (memory, durations) first, which is cheap; the engine then runs them in
@@ -236,6 +237,13 @@ def simulate(
     if record:
         chosen = _run(model, cluster, chosen.plan, True, chosen.chosen)
     return chosen
+
+
+def _check_precision(cluster: ClusterSpec, plan: PlanSpec) -> None:
+    if plan.precision == "fp8" and "fp8" not in dict(cluster.device.peak_flops):
+        raise InfeasiblePlanError(
+            f"precision fp8 needs FP8 tensor cores; {cluster.device.name} has none (use bf16 or fp16)"
+        )
 
 
 def _first_structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> str:
@@ -341,8 +349,7 @@ def _prepare(
 
     Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``.
     """
-    if plan.precision == "fp8" and "fp8" not in dict(cluster.device.peak_flops):
-        raise InfeasiblePlanError(f"precision fp8 needs FP8 tensor cores; {cluster.device.name} has none")
+    _check_precision(cluster, plan)
     layout = resolve_layout(model, cluster, plan)
     graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
     chunks = partition(graph, plan.pp, layout.vp)

@@ -241,6 +241,10 @@ def test_fp8_is_infeasible_on_a100() -> None:
     """Issue 3 (FP8): an A100 has no FP8 tensor cores; asking for fp8 is an infeasible plan naming the device."""
     with pytest.raises(InfeasiblePlanError, match="fp8 needs FP8 tensor cores; A100"):
         simulate(DENSE, load_cluster("dgx-a100-80g"), _plan(precision="fp8"))
+    # With free knobs the search must give the same reason, not "no candidate" after trying them all.
+    free = _plan(precision="fp8", micro_batch=None, recompute=None, vp=None, grad_overlap=None)
+    with pytest.raises(InfeasiblePlanError, match="fp8 needs FP8 tensor cores; A100"):
+        simulate(DENSE, load_cluster("dgx-a100-80g"), free)
 
 
 def test_tensor_parallel_divides_weights() -> None:

@@ -237,7 +237,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         print("clusters:")
         for name, _ in list_names("cluster"):
             c = load_cluster(name)
-            cal = c.calibration.name if c.calibration else "default curves"
+            cal = c.calibration_label or "default curves"
             print(
                 f"  {name:<20} {c.gpus_per_node}x {c.device.name:<18} "
                 f"NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s  "
@@ -294,6 +294,12 @@ def _cluster_text(c: Any) -> str:
         )
     else:
         lines.append("  calibration: none (default curves)")
+    if c.fabric_calibration is not None:
+        t = c.fabric_calibration
+        lines.append(
+            f"  NVLink collectives from {t.name} (measured on the same fabric): "
+            f"{sum(1 for b in t.collectives if b.scope == 'domain')} curves"
+        )
     if c.source:
         lines.append(f"  source: {c.source}")
     lines.append(_device_text(c.device))

@@ -535,7 +535,7 @@ def _infeasible_result(
         critical_stage=-1,
         chosen=chosen,
         uncalibrated_ops=(),
-        calibration=cluster.calibration.name if cluster.calibration else "",
+        calibration=cluster.calibration_label,
     )
 
 
@@ -571,6 +571,6 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared, resul
         critical_stage=result.critical_stage,
         chosen=chosen,
         uncalibrated_ops=tuple(sorted(prepared.uncalibrated)),
-        calibration=cluster.calibration.name if cluster.calibration else "",
+        calibration=cluster.calibration_label,
         timeline=result.timeline,
     )

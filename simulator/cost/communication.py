@@ -6,7 +6,8 @@ for a group of n ranks and a buffer of S bytes, ``time = factor(n) · S / busbw 
 ``busbw`` is the *bus bandwidth actually achieved* at that message size:
 
 * inside one NVLink domain, the measured curve of the cluster's calibration table for the collective and
-  the nearest group size (it already contains latency, so none is added); without a table, the NVLink
+  the nearest group size (it already contains latency, so none is added), or of its ``fabric_calibration``
+  table (measured on an identical NVLink fabric) where its own has none; without either, the NVLink
   bandwidth times the default efficiency curve of the default table;
 * across domains, the network: each member brings its share of the node's NICs
   (``nics · nic_bandwidth / gpus_per_node``), so a ring with k members per node reaches k times that
@@ -98,11 +99,14 @@ class CommModel:
 
     def _domain_curve(self, collective: str, ranks: int) -> tuple[BandwidthCurve | None, float]:
         """A measured (or default) NVLink-domain curve and the factor that scales it to this cluster."""
-        if self.table is not None:
-            curve = self.table.bandwidth_curve(collective, "domain", ranks)
+        # The cluster's own table first, then one measured on an identical NVLink fabric (ClusterSpec).
+        for table in (self.table, self.cluster.fabric_calibration):
+            if table is None:
+                continue
+            curve = table.bandwidth_curve(collective, "domain", ranks)
             if curve is None and collective in ("all_gather", "reduce_scatter", "all_to_all"):
                 # Same ring traffic pattern as half an all-reduce (nccl-tests PERFORMANCE.md).
-                curve = self.table.bandwidth_curve("all_reduce", "domain", ranks)
+                curve = table.bandwidth_curve("all_reduce", "domain", ranks)
             if curve is not None:
                 ref = curve.reference_bandwidth_bytes_per_s  # set when a what-if changed the measured fabric
                 return curve, (self.cluster.nvlink_bandwidth_bytes_per_s / ref if ref else 1.0)

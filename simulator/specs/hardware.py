@@ -104,6 +104,9 @@ class ClusterSpec:
     intra_node_latency_s: float = 3 * US
     inter_node_latency_s: float = 6 * US
     calibration: CalibrationTable | None = None
+    # A table whose NVLink-domain collective curves apply because they were measured on an identical fabric
+    # (same NVLink generation, per-GPU bandwidth and NVSwitch), when ``calibration`` has none of its own.
+    fabric_calibration: CalibrationTable | None = None
     max_gpus: int | None = None
     description: str = ""
     source: str = ""
@@ -120,6 +123,14 @@ class ClusterSpec:
             )
 
     @property
+    def calibration_label(self) -> str:
+        """The calibration tables results on this cluster use, by name ("" when only default curves)."""
+        names = [self.calibration.name] if self.calibration is not None else []
+        if self.fabric_calibration is not None:
+            names.append(f"{self.fabric_calibration.name} (NVLink collectives, same fabric)")
+        return " + ".join(names)
+
+    @property
     def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:
         """Scale-out bandwidth one GPU can use when every GPU of its node talks at once."""
         return self.nics_per_node * self.nic_bandwidth_bytes_per_s / self.gpus_per_node
@@ -132,15 +143,17 @@ class ClusterSpec:
         *,
         device: DeviceSpec | None = None,
         calibration: CalibrationTable | None = None,
+        fabric_calibration: CalibrationTable | None = None,
     ) -> ClusterSpec:
         """Build from a parsed cluster file.
 
-        ``device`` and ``calibration`` are the objects the file's ``device:`` and ``calibration:`` names
-        resolve to (the library does that); an inline ``device:`` mapping is read here.
+        ``device``, ``calibration`` and ``fabric_calibration`` are the objects the file's names of the same
+        keys resolve to (the library does that); an inline ``device:`` mapping is read here.
         """
         f = Fields(data, where)
         raw_device = f.raw("device")
         f.raw("calibration", None)
+        f.raw("fabric_calibration", None)
         if device is None:
             if not isinstance(raw_device, dict):
                 raise f.error("device", "must be resolved by the library or written inline", "name a device profile")
@@ -159,6 +172,7 @@ class ClusterSpec:
             "intra_node_latency_s": f.number("intra_node_latency_us", 3.0, minimum=0.0) * US,
             "inter_node_latency_s": f.number("inter_node_latency_us", 6.0, minimum=0.0) * US,
             "calibration": calibration,
+            "fabric_calibration": fabric_calibration,
             "max_gpus": f.integer("max_gpus", None, minimum=1),
             "description": f.text("description", ""),
             "source": f.text("source", ""),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -170,21 +171,28 @@ def _cluster_cached(path_str: str, _mtime: float) -> ClusterSpec:
     path = Path(path_str)
     data = load_yaml_file(path)
     device: DeviceSpec | None = None
-    calibration: CalibrationTable | None = None
+    tables: dict[str, CalibrationTable | None] = {"calibration": None, "fabric_calibration": None}
     if isinstance(data, dict):
         raw_device = data.get("device")
         if isinstance(raw_device, str):
             dev_path = _resolve_ref("device", raw_device, path, f"{path}: device")
             device = _device_cached(*_stamp(dev_path))
-        raw_cal = data.get("calibration")
-        if isinstance(raw_cal, str):
-            cal_path = _resolve_ref("calibration", raw_cal, path, f"{path}: calibration")
-            calibration = _calibration_cached(*_stamp(cal_path))
-        elif raw_cal is not None:
-            raise SpecError(f"{path}: calibration", "must name a calibration table", "write its name or path")
+        for key in tables:
+            raw_cal = data.get(key)
+            if isinstance(raw_cal, str):
+                cal_path = _resolve_ref("calibration", raw_cal, path, f"{path}: {key}")
+                tables[key] = _calibration_cached(*_stamp(cal_path))
+            elif raw_cal is not None:
+                raise SpecError(f"{path}: {key}", "must name a calibration table", "write its name or path")
     # A table measured on a sibling part (A100 40 GB vs 80 GB: the same SMs and clocks) may be shared;
     # results name the table and its device, so the transfer is visible.
-    return ClusterSpec.from_mapping(data, str(path), device=device, calibration=calibration)
+    spec = ClusterSpec.from_mapping(data, str(path), device=device, calibration=tables["calibration"])
+    fabric = tables["fabric_calibration"]
+    if fabric is not None:
+        # Named because the fabric is the one the table was measured on: record its NVLink rate, so that a
+        # what-if on this cluster's NVLink scales the curves.
+        spec = replace(spec, fabric_calibration=fabric.measured_on(spec.nvlink_bandwidth_bytes_per_s))
+    return spec
 
 
 def load_cluster(
@@ -216,7 +224,11 @@ def load_cluster(
     if calibration is not None:
         calibration = calibration.measured_on(cluster.nvlink_bandwidth_bytes_per_s)
     return ClusterSpec.from_mapping(
-        data, f"{path} (with --set cluster.* overrides)", device=device, calibration=calibration
+        data,
+        f"{path} (with --set cluster.* overrides)",
+        device=device,
+        calibration=calibration,
+        fabric_calibration=cluster.fabric_calibration,
     )
 
 

@@ -121,6 +121,21 @@ def test_cluster_by_yaml_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert by_path["cluster"] == "dgx-h100"
 
 
+@pytest.mark.parametrize(("value", "says"), [("5", "must name a calibration table"), ("no-such-table", "no-such")])
+def test_bad_fabric_calibration_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, says: str
+) -> None:
+    """Issue 2 (bad input): a cluster file whose fabric_calibration is not a table name exits 2 naming the key."""
+    text = find_file("cluster", "hgx-h200").read_text(encoding="utf-8")
+    bad = tmp_path / "bad-cluster.yaml"
+    bad.write_text(text.replace("fabric_calibration: h100-sxm5-80gb", f"fabric_calibration: {value}"))
+    code, _, err = run([*LLAMA8, "--cluster", str(bad)], capsys)
+    assert code == 2
+    assert "fabric_calibration" in err
+    assert says in err
+    assert "Traceback" not in err
+
+
 def test_memory_breakdown_adds_up(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 3 (JSON output): each stage's memory lists its categories and their sum is its total."""
     data = simulate_json(LLAMA8, capsys)

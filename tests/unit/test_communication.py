@@ -39,9 +39,35 @@ def test_nvls_only_accelerates_all_reduce(collective: str) -> None:
 
 
 def test_the_default_table_gets_the_gain_too() -> None:
-    """hgx-h200 has no measured table: its default (ring) curve is scaled by the same NVLS gain."""
-    ring = _time("hgx-h200", "all_reduce", 8, nvls=False)
-    assert ring / _time("hgx-h200", "all_reduce", 8, nvls=True) == pytest.approx(NVLS_GAIN[8])
+    """dgx-b200 has no measured table: its default (ring) curve is scaled by the same NVLS gain."""
+    ring = _time("dgx-b200", "all_reduce", 8, nvls=False)
+    assert ring / _time("dgx-b200", "all_reduce", 8, nvls=True) == pytest.approx(NVLS_GAIN[8])
+
+
+@pytest.mark.parametrize(("collective", "ranks"), [("all_reduce", 8), ("all_reduce", 2), ("reduce_scatter", 4)])
+def test_a_cluster_on_the_measured_fabric_uses_its_curves(collective: str, ranks: int) -> None:
+    """hgx-h200 has no kernel table but DGX H100's NVLink 4 / NVSwitch fabric: NVLink collectives take the
+    DGX H100 measurements (same times), are not reported uncalibrated, and the default curve differs."""
+    h200 = load_cluster("hgx-h200")
+    assert h200.calibration is None
+    assert h200.fabric_calibration is not None
+    comm = CommModel(h200, None, load_calibration("default"))
+    got = comm.time(Comm("c", collective, place("g", ranks, 1, h200), SIZE, "tp"))
+    assert got == pytest.approx(_time("dgx-h100", collective, ranks, nvls=True))
+    assert not any(label.endswith(":domain") for label in comm.uncalibrated)
+    bare = CommModel(replace(h200, fabric_calibration=None), None, load_calibration("default"))
+    assert bare.time(Comm("c", collective, place("g", ranks, 1, h200), SIZE, "tp")) != pytest.approx(got)
+
+
+def test_an_nvlink_what_if_scales_the_fabric_curves() -> None:
+    """The fabric table records the NVLink rate it was measured on, so doubling it halves a large all-gather."""
+    base = load_cluster("hgx-h200")
+    fast = load_cluster("hgx-h200", {"nvlink_bandwidth_gb_per_s": 900})
+    times = []
+    for cluster in (base, fast):
+        comm = CommModel(cluster, None, load_calibration("default"))
+        times.append(comm.time(Comm("c", "all_gather", place("g", 8, 1, cluster), SIZE, "tp")))
+    assert times[0] / times[1] == pytest.approx(2.0)
 
 
 def test_network_ring_is_paced_by_the_nics_at_the_achieved_fraction_of_line_rate() -> None:

@@ -59,6 +59,14 @@ def test_a_cluster_on_the_measured_fabric_uses_its_curves(collective: str, ranks
     assert bare.time(Comm("c", collective, place("g", ranks, 1, h200), SIZE, "tp")) != pytest.approx(got)
 
 
+def test_dgx_a100_40g_shares_the_dgx_a100_fabric_measurements() -> None:
+    """The 40 GB DGX A100 has the 80 GB system's NVLink 3 / NVSwitch: same measured all-reduce time."""
+    a40 = load_cluster("dgx-a100-40g")
+    comm = CommModel(a40, a40.calibration, load_calibration("default"))
+    got = comm.time(Comm("c", "all_reduce", place("g", 8, 1, a40), SIZE, "tp"))
+    assert got == pytest.approx(_time("dgx-a100-80g", "all_reduce", 8, nvls=False))
+
+
 def test_an_nvlink_what_if_scales_the_fabric_curves() -> None:
     """The fabric table records the NVLink rate it was measured on, so doubling it halves a large all-gather."""
     base = load_cluster("hgx-h200")

@@ -203,7 +203,7 @@ def simulate(
     """
     seq_len = plan.seq_len or model.seq_len
     plan = replace(plan, seq_len=seq_len)
-    _check_precision(cluster, plan)  # before the free-knob search, whose candidates would all fail alike
+    _check_precision(cluster, plan)  # once, before any candidate: they all share the precision
     if not plan.free_knobs:
         return _run(model, cluster, plan, record, {})
     # Every candidate is prepared (memory, durations) first, which is cheap; the engine then runs them in
@@ -349,7 +349,6 @@ def _prepare(
 
     Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``.
     """
-    _check_precision(cluster, plan)
     layout = resolve_layout(model, cluster, plan)
     graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
     chunks = partition(graph, plan.pp, layout.vp)

@@ -38,6 +38,8 @@ from typing import Any
 from simulator.calibration.rows import Measurement, RowAppender, read_rows
 from simulator.calibration.torchlib import (
     DTYPE,
+    cross_entropy_backward,
+    cross_entropy_forward,
     device_name,
     finite,
     init_rank,
@@ -366,12 +368,14 @@ def _benchmark(shape: Shape, dev: Any) -> Callable[[], Any]:
 
         inputs = (x,)
     elif base == "cross_entropy":
+        # Megatron's kernel chain, as the calibration GPT runs it; the backward is timed on its own, in place on
+        # a kept softmax (a loss gradient of ones keeps the values bounded over the repeats).
         targets = torch.randint(0, n, (m,), device=dev, generator=torch.Generator(device=dev).manual_seed(0))
-
-        def fwd() -> Any:
-            return nnf.cross_entropy(x, targets)
-
-        inputs = (x,)
+        if backward:
+            _, softmax = cross_entropy_forward(x.detach(), targets)
+            ones = torch.ones(m, device=dev, dtype=softmax.dtype)
+            return lambda: cross_entropy_backward(softmax, targets, ones, dt)
+        return lambda: cross_entropy_forward(x.detach(), targets)
     else:
         raise CalibrationError(f"shape {shape.key}: no benchmark for op {op!r}")
     if not backward:

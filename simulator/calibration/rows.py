@@ -76,7 +76,7 @@ _MEMORY_CLASS_WORDS = (
     ("rope", ("rope", "rotary")),
     ("embedding", ("emb", "embedding")),
     ("activation", ("act", "gelu", "silu", "relu", "swiglu")),
-    ("elementwise", ("add", "mul", "dropout", "copy", "adam")),
+    ("elementwise", ("add", "mul", "dropout", "copy", "adam", "cross_entropy")),
 )
 
 

@@ -20,7 +20,8 @@ profile and a check use the same number of cores.
 The GPT (:func:`build_gpt`) does the work of :func:`simulator.graph.transformer.build_graph` for a dense,
 pre-norm model: learned token and position embeddings, per layer LayerNorm, fused QKV projection, causal
 ``scaled_dot_product_attention`` (the fused kernel), output projection and residual add, LayerNorm, a 4h
-GELU MLP and residual add; a final LayerNorm, an untied (or tied) bias-free output layer and cross-entropy;
+GELU MLP and residual add; a final LayerNorm, an untied (or tied) bias-free output layer and Megatron's fp32
+cross-entropy (:func:`cross_entropy_forward`);
 Adam. The kernel benchmarks of :mod:`.profile` call the same functions, so a profiled kernel is the one the
 training step runs.
 """
@@ -42,6 +43,8 @@ from simulator.specs.model import ModelSpec
 __all__ = [
     "Timing",
     "build_gpt",
+    "cross_entropy_backward",
+    "cross_entropy_forward",
     "device_name",
     "memory_guard",
     "provenance",
@@ -245,6 +248,56 @@ def check_model(model: ModelSpec) -> None:
         )
 
 
+def cross_entropy_forward(logits: Any, targets: Any) -> tuple[Any, Any]:
+    """Megatron-LM's vocab-parallel cross-entropy on one rank, forward: (per-token loss, fp32 softmax).
+
+    The kernels Megatron runs, in its order (``_VocabParallelCrossEntropy.forward`` on ``output.float()``):
+    cast to fp32, row max, in-place subtraction of the max, in-place ``exp``, row sum, in-place division.
+    With one tensor-parallel rank the all-reduces between them vanish. The simulator charges these bytes
+    (``simulator.graph.transformer.CE_FWD_READ``).
+    """
+    torch = require_torch()
+    z = logits.float()
+    z.sub_(z.max(dim=-1)[0].unsqueeze(-1))
+    rows = torch.arange(z.shape[0], device=z.device)
+    predicted = z[rows, targets]
+    torch.exp(z, out=z)
+    total = z.sum(dim=-1)
+    loss = torch.log(total) - predicted
+    z.div_(total.unsqueeze(-1))
+    return loss, z
+
+
+def cross_entropy_backward(softmax: Any, targets: Any, grad: Any, dtype: Any) -> Any:
+    """Megatron's backward on the kept fp32 softmax, in place: subtract 1 at the targets, scale by the loss
+    gradient, cast back to the logits' 16-bit type (``simulator.graph.transformer.CE_BWD_READ``)."""
+    torch = require_torch()
+    rows = torch.arange(softmax.shape[0], device=softmax.device)
+    softmax[rows, targets] -= 1.0
+    softmax.mul_(grad.unsqueeze(-1))
+    return softmax.to(dtype)
+
+
+def _cross_entropy_function() -> Any:
+    """An autograd function over :func:`cross_entropy_forward` / :func:`cross_entropy_backward`."""
+    torch = require_torch()
+
+    class MegatronCrossEntropy(torch.autograd.Function):  # type: ignore[misc,name-defined]
+        @staticmethod
+        def forward(ctx: Any, logits: Any, targets: Any) -> Any:
+            loss, softmax = cross_entropy_forward(logits, targets)
+            ctx.save_for_backward(softmax, targets)
+            ctx.logits_dtype = logits.dtype
+            return loss
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> tuple[Any, None]:
+            softmax, targets = ctx.saved_tensors
+            return cross_entropy_backward(softmax, targets, grad, ctx.logits_dtype), None
+
+    return MegatronCrossEntropy
+
+
 def build_gpt(model: ModelSpec, dev: Any, *, seed: int = 0) -> Any:
     """A real PyTorch GPT doing the graph's work for ``model`` (module docstring), in bf16 on ``dev``."""
     torch = require_torch()
@@ -252,6 +305,7 @@ def build_gpt(model: ModelSpec, dev: Any, *, seed: int = 0) -> Any:
     nn = torch.nn
     nnf = torch.nn.functional
     h, a, d = model.hidden, model.heads, model.head_dim
+    cross_entropy = _cross_entropy_function().apply
 
     class Layer(nn.Module):  # type: ignore[misc,name-defined]
         def __init__(self) -> None:
@@ -286,7 +340,7 @@ def build_gpt(model: ModelSpec, dev: Any, *, seed: int = 0) -> Any:
             for layer in self.layers:
                 x = layer(x)
             logits = self.head(self.norm(x))
-            return nnf.cross_entropy(logits.view(-1, model.vocab), targets.view(-1))
+            return cross_entropy(logits.view(-1, model.vocab), targets.view(-1)).mean()
 
     torch.manual_seed(seed)  # PyTorch's default initialisers draw from its global generator
     return GPT().to(device=dev, dtype=getattr(torch, DTYPE))

@@ -81,8 +81,10 @@ class ComputeModel:
             return "embedding"
         if name.endswith((".act", ".act.bwd")):
             return "activation"
+        # The cross-entropy is a chain of streaming PyTorch kernels (casts, in-place sub/exp/div/mul, row max
+        # and sum; see graph.transformer.CE_FWD_READ), timed as one elementwise op over the bytes they move.
         if name.endswith(("dropout_add", "dropout_add.bwd", "dropout", "dropout.bwd", ".fp8_cast")) or name.startswith(
-            "optimizer"
+            ("optimizer", "head.cross_entropy")
         ):
             return "elementwise"
         return "memory"

@@ -19,6 +19,8 @@ Modelling choices, with sources:
   The fused kernel stores Q, K, V and an fp32 log-sum-exp instead of the s² terms.
 * Memory-bound kernels move their inputs and outputs once through HBM (16-bit), which is how fused
   Megatron/Apex kernels (LayerNorm, bias-GeLU, bias-dropout-add, RoPE) behave.
+  Megatron's causal softmax kernel of the unfused path reads only the unmasked scores (CAUSAL_SOFTMAX_MAX_SEQ);
+  its cross-entropy is a chain of unfused fp32 kernels (CE_FWD_READ and the following constants).
 * The optimizer is mixed-precision Adam as Megatron runs it: per parameter it reads the fp32 main gradient,
   master weight, momentum and variance (16 B), writes the last three (12 B) and the 16-bit weight copy
   (2 B), and touches the gradient twice more for the global norm and the zeroing (8 B): 38 B/parameter
@@ -42,6 +44,16 @@ ATTENTION_KERNELS = ("flash", "unfused")
 E = 2  # bytes per 16-bit activation element
 OPTIMIZER_BYTES_PER_PARAM = 38.0  # see module docstring: 16 read + 12 + 2 written + 8 for norm and zeroing
 FA_BWD_FACTOR = 2.5  # FlashAttention-2 backward/forward FLOPs (Dao 2023, Sec. 3.2: 5 vs 2 matmuls)
+# Megatron-LM's vocab-parallel cross-entropy, bytes moved per logit (source: _VocabParallelCrossEntropy in
+# megatron/mpu/cross_entropy.py, later megatron/core/tensor_parallel/cross_entropy.py, called on
+# ``output.float()``). Forward: cast 16→32 bit (read 2, write 4), row max (read 4), ``sub_`` of the max
+# (read 4, write 4), ``exp`` in place (4 + 4), row sum (4), ``div_`` by the sum (4 + 4): 22 read, 16 written.
+# Backward: ``mul_`` of the kept softmax by the loss gradient (4 + 4) and the cast back to 16 bit (4 + 2).
+CE_FWD_READ, CE_FWD_WRITE = 22, 16
+CE_BWD_READ, CE_BWD_WRITE = 8, 6
+# Longest key length of Megatron's fused causal softmax kernel: FusedScaleMaskSoftmax takes it for
+# 16 < s_k ≤ 2048 (megatron/model/fused_softmax.py, custom_kernel_constraint; the CUDA dispatcher asserts ≤ 2048).
+CAUSAL_SOFTMAX_MAX_SEQ = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,8 +305,20 @@ def _attention(model: ModelSpec, b: int, s: int, kernel: str) -> tuple[list[Op],
         tp_axis="batch",
     )
     softmax_keep = E * s2
+    # Megatron's fused causal softmax (scaled_upper_triang_masked_softmax, taken for s ≤ 2048) loads only the
+    # i + 1 unmasked scores of row i and writes the whole row (zeros above the diagonal); its backward loads
+    # the gradient and the probabilities of the same causal part and writes the whole row. Longer sequences
+    # fall back to torch's softmax over the full rows.
+    loaded = (s + 1) / (2 * s) if 16 < s <= CAUSAL_SOFTMAX_MAX_SEQ else 1.0
     softmax, softmax_b = _mem(
-        "attn.softmax", E * s2, E * s2, bwd_read=2 * E * s2, bwd_write=E * s2, act=softmax_keep, tp=True, sp=False
+        "attn.softmax",
+        E * s2 * loaded,
+        E * s2,
+        bwd_read=2 * E * s2 * loaded,
+        bwd_write=E * s2,
+        act=softmax_keep,
+        tp=True,
+        sp=False,
     )
     mask = s2 if model.dropout else 0.0
     drop_keep = (mask + E * s2) if model.dropout else 0.0
@@ -479,13 +503,15 @@ def _head(model: ModelSpec, b: int, s: int) -> tuple[list[Op], list[Op]]:
     if model.tied_embeddings:
         logits = logits.with_(params=0)  # shares the input embedding's weights
     tv = float(tokens * model.vocab)
-    # Vocab-parallel cross-entropy in fp32 (Megatron): read logits, keep the softmax (4 B) for backward.
+    # Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py) is a chain
+    # of PyTorch kernels over the [tokens, vocab/tp] logits, cast to fp32 first (``output.float()``); it keeps
+    # the fp32 softmax (4 B) for backward. Bytes per logit, see CE_FWD_* / CE_BWD_* above.
     ce, ce_b = _mem(
         "head.cross_entropy",
-        E * tv,
-        4 * tv,
-        bwd_read=4 * tv,
-        bwd_write=E * tv,
+        CE_FWD_READ * tv,
+        CE_FWD_WRITE * tv,
+        bwd_read=CE_BWD_READ * tv,
+        bwd_write=CE_BWD_WRITE * tv,
         act=4 * tv,
         tp=True,
         sp=False,

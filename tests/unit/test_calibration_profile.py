@@ -74,3 +74,23 @@ def test_tiny_profile_rows_have_provenance(tmp_path: Path) -> None:
     rows = read_rows([tmp_path])
     assert all(r.time_s > 0 and r.device.startswith("CPU") and r.torch_version and r.date for r in rows)
     assert {r.op for r in rows} >= {"gemm.fwd", "probe.peak_gemm"}
+
+
+@pytest.mark.torch
+def test_megatron_cross_entropy_chain_equals_torch_cross_entropy() -> None:
+    """The kernel chain the profiler times and the calibration GPT runs computes the ordinary cross-entropy."""
+    torch = pytest.importorskip("torch")
+    from simulator.calibration.torchlib import _cross_entropy_function
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 500, generator=gen).to(torch.bfloat16).requires_grad_(True)
+    targets = torch.randint(0, 500, (64,), generator=gen)
+    loss = _cross_entropy_function().apply(logits, targets).mean()
+    loss.backward()
+    reference = logits.detach().float().requires_grad_(True)
+    expected = torch.nn.functional.cross_entropy(reference, targets)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert logits.grad is not None
+    assert logits.grad.dtype == torch.bfloat16
+    assert torch.allclose(logits.grad.float(), reference.grad, atol=1e-3)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import pytest
 
 from simulator.cost.memory import stage_memory
-from simulator.graph.transformer import build_graph
+from simulator.graph.ops import Op
+from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import resolve_layout
 from simulator.parallel.schedule import generate
 from simulator.parallel.stages import Chunk
@@ -172,3 +173,31 @@ def test_full_recompute_input_is_split_by_sequence_parallel() -> None:
         _layer_activations(6, tp=t, sp=True, recompute="full") - _layer_activations(2, tp=t, sp=True, recompute="full")
     ) / 4
     assert per_layer == pytest.approx(2 * SBH / t, rel=0.02)
+
+
+def _op(graph: ModelGraph, name: str) -> Op:
+    return next(op for b in graph.blocks for op in b.forward + b.backward if op.name == name)
+
+
+@pytest.mark.parametrize(("s", "loaded"), [(1024, 1025 / 2048), (2048, 2049 / 4096), (4096, 1.0)])
+def test_unfused_causal_softmax_loads_only_the_unmasked_scores(s: int, loaded: float) -> None:
+    """Megatron's scaled_upper_triang_masked_softmax (s ≤ 2048) reads row i's i+1 scores and writes the whole
+    row; its backward reads gradient and probabilities of the same part. Longer rows use torch's softmax."""
+    m = ModelSpec(name="t", layers=1, hidden=256, heads=4, ffn_hidden=1024, vocab=1000, seq_len=s)
+    g = build_graph(m, s, 2, "unfused")
+    s2 = 2.0 * 2 * 4 * s * s  # bytes of the b·a·s² 16-bit scores
+    fwd, bwd = _op(g, "attn.softmax"), _op(g, "attn.softmax.bwd")
+    assert (fwd.read_bytes, fwd.write_bytes) == pytest.approx((s2 * loaded, s2))
+    assert (bwd.read_bytes, bwd.write_bytes) == pytest.approx((2 * s2 * loaded, s2))
+    assert fwd.act_bytes == pytest.approx(s2)  # the whole probability matrix is kept for backward
+
+
+def test_cross_entropy_moves_the_bytes_of_megatrons_kernel_chain() -> None:
+    """fp32 cast, max, sub_, exp, sum, div_ forward (22 B read, 16 B written per logit); mul_ and the cast back
+    (8 B read, 6 B written) backward; the fp32 softmax (4 B) is kept."""
+    m = ModelSpec(name="t", layers=1, hidden=256, heads=4, ffn_hidden=1024, vocab=1000, seq_len=128)
+    g = build_graph(m, 128, 2)
+    logits = 2 * 128 * 1000
+    fwd, bwd = _op(g, "head.cross_entropy"), _op(g, "head.cross_entropy.bwd")
+    assert (fwd.read_bytes, fwd.write_bytes, fwd.act_bytes) == (22 * logits, 16 * logits, 4 * logits)
+    assert (bwd.read_bytes, bwd.write_bytes) == (8 * logits, 6 * logits)

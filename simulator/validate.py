@@ -16,8 +16,10 @@ recomputation), takes the first that fits, and reports the row as *adjusted* wit
 summary counts adjusted rows; ``strict=True`` turns this off and reports such rows as infeasible.
 
 A validation folder may also hold ``software_stacks.yaml``: per source, facts about how the runs were
-executed that the CSV cannot carry (the attention kernel of pre-FlashAttention frameworks) or carries
-differently from what the framework did (NeMo's distributed optimizer), each with its evidence. The first
+executed that the CSV cannot carry (the attention kernel of pre-FlashAttention frameworks), carries
+differently from what the framework did (NeMo's distributed optimizer) or leaves empty although the authors'
+own launch scripts state it (the micro-batch, interleaving and DDP flavour of the SC21 runs), each with its
+evidence. Knobs an entry may set: :data:`STACK_KNOBS`, checked like the same keys of a plan file. The first
 entry whose ``match`` is a substring of a row's ``source`` (and whose optional ``model`` is a substring of
 the row's ``model``, for facts read from one model's configuration) is applied and named in the row's ``stack``.
 Stated columns are replaced only for knobs an entry lists under ``override``.
@@ -46,7 +48,7 @@ from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
-from simulator.specs.plan import PlanSpec
+from simulator.specs.plan import ATTENTION, GRAD_DTYPES, PlanSpec
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -68,7 +70,29 @@ RESCUE_STEPS: tuple[dict[str, Any], ...] = (
     {"zero_stage": 3, "sequence_parallel": True, "recompute": "full"},
 )
 _RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
-STACK_KNOBS = ("attention", "tp_overlap", "zero_stage", "sequence_parallel", "grad_dtype")
+STACK_KNOBS = (
+    "attention",
+    "tp_overlap",
+    "zero_stage",
+    "sequence_parallel",
+    "grad_dtype",
+    "micro_batch",
+    "vp",
+    "grad_overlap",
+)
+
+
+def _stack_knob(knobs: Fields, key: str) -> Any:
+    """One knob of a stack entry, checked like the same key of a plan file."""
+    if key == "attention":
+        return knobs.choice(key, ATTENTION)
+    if key == "grad_dtype":
+        return knobs.choice(key, GRAD_DTYPES)
+    if key == "zero_stage":
+        return knobs.integer(key, minimum=0, maximum=3)
+    if key in ("micro_batch", "vp"):
+        return knobs.integer(key, minimum=1)
+    return knobs.boolean(key)  # tp_overlap, sequence_parallel, grad_overlap
 
 
 @dataclass(frozen=True)
@@ -98,7 +122,7 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
         for key in knobs.data:
             if key not in STACK_KNOBS:
                 raise knobs.error(str(key), f"is not a stack knob; use one of {', '.join(STACK_KNOBS)}", "remove it")
-            values[key] = knobs.raw(key)
+            values[key] = _stack_knob(knobs, str(key))
         override = e.raw("override", [])
         if not isinstance(override, list) or any(k not in values for k in override):
             raise e.error("override", "must list knobs that the entry sets", "e.g. override: [zero_stage]")

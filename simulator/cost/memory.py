@@ -32,10 +32,22 @@ from simulator.units import GIB, fmt_bytes
 
 __all__ = ["RESERVED_BYTES", "StageMemory", "stage_memory"]
 
-# CUDA context (~0.5 GiB on Ampere/Hopper with lazy module loading), cuBLAS/cuDNN workspaces and NCCL
-# communicator buffers (NCCL_BUFFSIZE 4 MiB per channel and peer): source pending, see RESERVED_SOURCE.
+# Device memory a training process holds outside PyTorch's tensors, as the sum of its measured parts:
+# * the CUDA context: 287 MB with lazy module loading (PyTorch's default since 1.13; 667 MB eager), measured
+#   in pytorch/pytorch pull request #86509;
+# * NCCL communicator buffers: a 4 MiB FIFO per channel and peer (NCCL_BUFFSIZE default, NCCL user guide;
+#   nccl issue #285), a ring holding two peers on up to 32 channels, i.e. up to 256 MiB per communicator and
+#   protocol; a Megatron rank holds several communicators (TP, PP, DP, embedding), and the NCCL maintainers
+#   confirm memory grows with channels and communicators (nccl issues #864 and #986, where one all-reduce
+#   communicator took 1.6 GB on the reporter's H100 node);
+# * cuBLAS workspaces (32 MiB per handle and stream on Hopper, PyTorch CUDA semantics notes).
+# 0.3 GiB + about 1.5 GiB of NCCL buffers + workspaces rounds to 2 GiB; it is a floor, not a fit: the
+# caching allocator's fragmentation comes on top and is not modelled.
 RESERVED_BYTES = 2.0 * GIB
-RESERVED_SOURCE = "pending"
+RESERVED_SOURCE = (
+    "CUDA context 287 MB (pytorch/pytorch#86509) + NCCL channel buffers (NCCL_BUFFSIZE 4 MiB per channel "
+    "and peer; nccl#285, #864, #986) + cuBLAS workspaces"
+)
 
 
 @dataclass(frozen=True, slots=True)

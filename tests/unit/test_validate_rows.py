@@ -82,3 +82,32 @@ def test_grad_dtype_defaults_follow_megatron() -> None:
 def test_unknown_grad_dtype_is_a_spec_error() -> None:
     with pytest.raises(SpecError, match="grad_dtype: must be one of fp32, bf16, fp16"):
         PlanSpec.from_mapping({"global_batch": 8, "grad_dtype": "int8"}, "plan.yaml", gpus=8)
+
+
+def test_sc21_launch_script_fills_only_the_knobs_the_row_leaves_empty() -> None:
+    """SC21's Table 1 left micro-batch, interleaving and DDP unsaid; the authors' script states them."""
+    stacks = load_stacks(STACKS)
+    sc21 = "Narayanan et al., Efficient Large-Scale Language Model Training on GPU"
+    base = _row(source=sc21, model="GPT 39.1B", cluster="dgx-a100-80g", precision="fp16", recompute="full", tp=2, dp=4)
+    del base["micro_batch"]
+    frame = pd.DataFrame([base, {**base, "run_id": "r2", "micro_batch": 2}])
+    rows = validate_frame(frame, "t.csv", stacks=stacks).rows
+    assert rows[0]["stack"].startswith("Megatron-LM, 2021 (SC21), launch script")
+    # Nothing left to choose: micro_batch 4, vp 1 and no gradient overlap (--DDP-impl local) come from the script.
+    assert rows[0]["chosen"] == {}
+    # A stated column wins over the script.
+    assert rows[1]["predicted_step_time_s"] != rows[0]["predicted_step_time_s"]
+
+
+def test_stack_knob_values_are_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "software_stacks.yaml"
+    bad.write_text(
+        "stacks:\n  - match: x\n    name: y\n    knobs:\n      micro_batch: 0\n    evidence: z\n", encoding="utf-8"
+    )
+    with pytest.raises(SpecError, match=r"stacks\[0\]\.knobs\.micro_batch"):
+        load_stacks(bad)
+    bad.write_text(
+        "stacks:\n  - match: x\n    name: y\n    knobs:\n      grad_overlap: maybe\n    evidence: z\n", encoding="utf-8"
+    )
+    with pytest.raises(SpecError, match="true or false"):
+        load_stacks(bad)

@@ -27,7 +27,7 @@ ISSUE_TARGET = {
 }
 # What the model reaches today (analysis/ACCURACY.md), plus about half a point of margin.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.095, "p90_abs_error": 0.245},
+    "published_runs.csv": {"median_abs_error": 0.095, "p90_abs_error": 0.235},
     "vtrain_single_node.csv": {"median_abs_error": 0.15, "p90_abs_error": 0.37},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)

@@ -27,7 +27,7 @@ FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.5}
 # forward range), backward efficiency is forward efficiency times the same paper's ratio: the backward reaches
 # up to 63% of A100 peak where the forward reaches 73% (Dao 2023, arXiv:2307.08691, Sec. 4.1). The H100 table
 # has measured backward kernels (FlashAttention-3, tritonbench PR #1256), and devices without attention data
-# take the default table's backward curve derived from them (ComputeModel._default_attention_backward).
+# take the default table's backward curve derived from them (ComputeModel._time).
 ATTENTION_BWD_RATIO = 63.0 / 73.0
 
 
@@ -137,13 +137,17 @@ class ComputeModel:
         peak = self.device.peak(precision)
         curve, calibrated = self._curve(op.kind, precision)
         bwd_curve, _ = self._measured_backward(op, op.kind, precision)
-        default_bwd = self._default_attention_backward(op, precision, calibrated)
         if bwd_curve is not None:
             eff = self._efficiency(bwd_curve, True, f"attention_bwd:{precision}", flops, peak)
-        elif default_bwd is not None:
-            eff = self._efficiency(default_bwd, False, f"attention_bwd:{precision}", flops, peak)
         elif op.kind == "attention" and op.phase != "fwd":
-            eff = self._efficiency(curve, False, f"attention.bwd:{precision}", flops, peak) * ATTENTION_BWD_RATIO
+            # No backward curve of the device's own. A table with a forward curve keeps it, times the same
+            # paper's backward/forward ratio; a device with no attention data at all takes the default table's
+            # backward curve (derived from measured backward kernels), like any other uncalibrated class.
+            default_bwd = None if calibrated else self._curve("attention_bwd", precision)[0]
+            if default_bwd is not None:
+                eff = self._efficiency(default_bwd, False, f"attention_bwd:{precision}", flops, peak)
+            else:
+                eff = self._efficiency(curve, False, f"attention.bwd:{precision}", flops, peak) * ATTENTION_BWD_RATIO
         else:
             eff = self._efficiency(curve, calibrated, f"{op.kind}:{precision}", flops, peak)
         return max(flops / (peak * eff), op.bytes / hbm)
@@ -159,19 +163,6 @@ class ComputeModel:
             return None, False
         curve = self.table.compute_curve(f"{cls}_bwd", precision)
         return curve, curve is not None
-
-    def _default_attention_backward(self, op: Op, precision: str, forward_calibrated: bool) -> EfficiencyCurve | None:
-        """The default table's measured-backward attention curve, for a device with no attention data at all.
-
-        A device whose own table has a forward attention curve but no backward one (A100: FlashAttention-2's
-        published forward range) keeps its forward curve times :data:`ATTENTION_BWD_RATIO`, the same paper's
-        backward-to-forward ratio on that GPU; a device with no attention measurement (H200, B200...) takes the
-        default curve derived from the measured backward kernels (H100 FlashAttention-3), on the ideal-time axis.
-        """
-        if op.kind != "attention" or op.phase == "fwd" or forward_calibrated or self.default is None:
-            return None
-        curve = self.default.compute_curve("attention_bwd", precision)
-        return curve if curve is not None else self.default.compute_curve("attention_bwd", "any")
 
     def _efficiency(
         self, curve: EfficiencyCurve | None, calibrated: bool, label: str, size: float, peak: float

@@ -48,7 +48,7 @@ from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
-from simulator.specs.plan import ATTENTION, GRAD_DTYPES, PlanSpec
+from simulator.specs.plan import PlanSpec, read_knob
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -82,19 +82,6 @@ STACK_KNOBS = (
 )
 
 
-def _stack_knob(knobs: Fields, key: str) -> Any:
-    """One knob of a stack entry, checked like the same key of a plan file."""
-    if key == "attention":
-        return knobs.choice(key, ATTENTION)
-    if key == "grad_dtype":
-        return knobs.choice(key, GRAD_DTYPES)
-    if key == "zero_stage":
-        return knobs.integer(key, minimum=0, maximum=3)
-    if key in ("micro_batch", "vp"):
-        return knobs.integer(key, minimum=1)
-    return knobs.boolean(key)  # tp_overlap, sequence_parallel, grad_overlap
-
-
 @dataclass(frozen=True)
 class Stack:
     """One entry of ``software_stacks.yaml``."""
@@ -122,7 +109,7 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
         for key in knobs.data:
             if key not in STACK_KNOBS:
                 raise knobs.error(str(key), f"is not a stack knob; use one of {', '.join(STACK_KNOBS)}", "remove it")
-            values[key] = _stack_knob(knobs, str(key))
+            values[key] = read_knob(knobs, str(key))
         override = e.raw("override", [])
         if not isinstance(override, list) or any(k not in values for k in override):
             raise e.error("override", "must list knobs that the entry sets", "e.g. override: [zero_stage]")

@@ -19,9 +19,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields
+from simulator.specs._fields import MISSING, Fields
 
-__all__ = ["ATTENTION", "FREE_KNOBS", "GRAD_DTYPES", "PRECISIONS", "RECOMPUTE", "SCHEDULES", "PlanSpec"]
+__all__ = [
+    "ATTENTION",
+    "FREE_KNOBS",
+    "GRAD_DTYPES",
+    "PRECISIONS",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "PlanSpec",
+    "read_knob",
+]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 RECOMPUTE = ("none", "selective", "full")
@@ -31,6 +40,23 @@ GRAD_DTYPES = ("fp32", "bf16", "fp16")
 FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap")
 
 _AUTO = ("auto", "free", "")
+
+# How a plan file's training knobs are read and checked; software_stacks.yaml entries use the same rules.
+_KNOB_READERS: dict[str, Any] = {
+    "vp": lambda f, key, default: f.integer(key, default, minimum=1),
+    "micro_batch": lambda f, key, default: f.integer(key, default, minimum=1),
+    "sequence_parallel": lambda f, key, default: f.boolean(key, default),
+    "zero_stage": lambda f, key, default: f.integer(key, default, minimum=0, maximum=3),
+    "grad_overlap": lambda f, key, default: f.boolean(key, default),
+    "tp_overlap": lambda f, key, default: f.boolean(key, default),
+    "grad_dtype": lambda f, key, default: f.choice(key, GRAD_DTYPES, default),
+    "attention": lambda f, key, default: f.choice(key, ATTENTION, default),
+}
+
+
+def read_knob(fields: Fields, key: str, default: Any = MISSING) -> Any:
+    """One training knob (``vp``, ``micro_batch``, ``zero_stage``, ``attention``...), checked as in a plan file."""
+    return _KNOB_READERS[key](fields, key, default)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,19 +153,19 @@ class PlanSpec:
             "dp": g.integer("dp", None, minimum=1),
             "cp": g.integer("cp", 1, minimum=1),
             "ep": g.integer("ep", 1, minimum=1),
-            "vp": g.integer("vp", None, minimum=1),
+            "vp": read_knob(g, "vp", None),
             "schedule": g.choice("schedule", SCHEDULES, None),
-            "micro_batch": g.integer("micro_batch", None, minimum=1),
+            "micro_batch": read_knob(g, "micro_batch", None),
             "global_batch": g.integer("global_batch", minimum=1),
             "seq_len": g.integer("seq_len", None, minimum=1),
-            "sequence_parallel": g.boolean("sequence_parallel", None),
+            "sequence_parallel": read_knob(g, "sequence_parallel", None),
             "recompute": g.choice("recompute", RECOMPUTE, None),
-            "zero_stage": g.integer("zero_stage", 0, minimum=0, maximum=3),
-            "grad_overlap": g.boolean("grad_overlap", None),
-            "tp_overlap": g.boolean("tp_overlap", None),
+            "zero_stage": read_knob(g, "zero_stage", 0),
+            "grad_overlap": read_knob(g, "grad_overlap", None),
+            "tp_overlap": read_knob(g, "tp_overlap", None),
             "precision": g.choice("precision", PRECISIONS, "bf16"),
-            "grad_dtype": g.choice("grad_dtype", GRAD_DTYPES, None),
-            "attention": g.choice("attention", ATTENTION, "flash"),
+            "grad_dtype": read_knob(g, "grad_dtype", None),
+            "attention": read_knob(g, "attention", "flash"),
             "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
             "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),
         }

@@ -19,10 +19,11 @@ A validation folder may also hold ``software_stacks.yaml``: per source, facts ab
 executed that the CSV cannot carry (the attention kernel of pre-FlashAttention frameworks), carries
 differently from what the framework did (NeMo's distributed optimizer) or leaves empty although the authors'
 own launch scripts state it (the micro-batch, interleaving and DDP flavour of the SC21 runs), each with its
-evidence. Knobs an entry may set: :data:`STACK_KNOBS`, checked like the same keys of a plan file. The first
+evidence. Knobs an entry may set: :data:`STACK_KNOBS`, checked like the same keys of a plan file. Every
 entry whose ``match`` is a substring of a row's ``source`` (and whose optional ``model`` is a substring of
-the row's ``model``, for facts read from one model's configuration) is applied and named in the row's ``stack``.
-Stated columns are replaced only for knobs an entry lists under ``override``.
+the row's ``model``, for facts read from one model's configuration) applies; for each knob the first such
+entry that sets it decides, so a model's entry goes before its source's, and the row's ``stack`` names the
+first. Stated columns are replaced only for knobs the deciding entry lists under ``override``.
 
 The summary gives the median, mean, 90th percentile and maximum absolute relative error, the number of
 rows judged infeasible (a run that really ran and is predicted infeasible is a miss), breakdowns by
@@ -139,8 +140,15 @@ def default_stacks_file(csv_path: Path) -> Path | None:
 _SHIPPED_STACKS = Path(__file__).resolve().parents[1] / "data" / "validation" / "software_stacks.yaml"
 
 
-def _apply_stack(plan: PlanSpec, stack: Stack, stated: set[str]) -> PlanSpec:
-    changes = {k: v for k, v in stack.knobs.items() if k not in stated or k in stack.override}
+def _apply_stacks(plan: PlanSpec, matching: list[Stack], stated: set[str]) -> PlanSpec:
+    """``plan`` with the knobs of every matching entry; for each knob the first entry that sets it decides."""
+    changes: dict[str, Any] = {}
+    decided: set[str] = set()
+    for stack in matching:
+        for k, v in stack.knobs.items():
+            if k not in decided and (k not in stated or k in stack.override):
+                changes[k] = v
+            decided.add(k)
     return replace(plan, **changes) if changes else plan
 
 
@@ -359,11 +367,11 @@ def validate_frame(
             plan = row_plan(row, where)
             row_source = str(_cell(row, "source") or "")
             row_name = str(_cell(row, "model") or "")
-            stack = next((st for st in stacks if st.match in row_source and st.model in row_name), None)
-            if stack is not None:
+            matching = [st for st in stacks if st.match in row_source and st.model in row_name]
+            if matching:
                 stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}
-                plan = _apply_stack(plan, stack, stated)
-                entry["stack"] = stack.name
+                plan = _apply_stacks(plan, matching, stated)
+                entry["stack"] = matching[0].name
             result, adjusted = simulate_row(model, cluster, plan, strict=strict)
             predicted = result.step_time_s if result.feasible else math.nan
             entry.update(

@@ -84,14 +84,29 @@ def test_unknown_grad_dtype_is_a_spec_error() -> None:
         PlanSpec.from_mapping({"global_batch": 8, "grad_dtype": "int8"}, "plan.yaml", gpus=8)
 
 
+def _sc21_row() -> dict[str, object]:
+    """A small SC21-sourced row of the 39.1B model, micro-batch left empty as in the paper's table."""
+    row = _row(
+        source="Narayanan et al., Efficient Large-Scale Language Model Training on GPU",
+        model="GPT 39.1B",
+        cluster="dgx-a100-80g",
+        precision="fp16",
+        recompute="full",
+        tp=2,
+        dp=4,
+        global_batch=32,
+    )
+    del row["micro_batch"]
+    return row
+
+
 def test_sc21_launch_script_fills_only_the_knobs_the_row_leaves_empty() -> None:
     """SC21's Table 1 left micro-batch, interleaving and DDP unsaid; the authors' script states them."""
     stacks = load_stacks(STACKS)
-    sc21 = "Narayanan et al., Efficient Large-Scale Language Model Training on GPU"
-    base = _row(source=sc21, model="GPT 39.1B", cluster="dgx-a100-80g", precision="fp16", recompute="full", tp=2, dp=4)
-    del base["micro_batch"]
+    base = _sc21_row()
     frame = pd.DataFrame([base, {**base, "run_id": "r2", "micro_batch": 2}])
     rows = validate_frame(frame, "t.csv", stacks=stacks).rows
+    assert all(r["feasible"] for r in rows), [r["reason"] for r in rows]
     assert rows[0]["stack"].startswith("Megatron-LM, 2021 (SC21), launch script")
     # Nothing left to choose: micro_batch 4, vp 1 and no gradient overlap (--DDP-impl local) come from the script.
     assert rows[0]["chosen"] == {}
@@ -111,3 +126,14 @@ def test_stack_knob_values_are_checked(tmp_path: Path) -> None:
     )
     with pytest.raises(SpecError, match="true or false"):
         load_stacks(bad)
+
+
+def test_a_model_entry_and_its_source_entry_both_apply() -> None:
+    """SC21's per-model launch settings come from one entry, its unfused attention from the source's entry."""
+    stacks = load_stacks(STACKS)
+    base = _sc21_row()
+    stated = {**base, "micro_batch": 4, "vp": 1, "grad_overlap": False, "attention": "unfused"}
+    with_stacks = validate_frame(pd.DataFrame([base]), "t.csv", stacks=stacks).rows[0]
+    by_hand = validate_frame(pd.DataFrame([stated]), "t.csv", stacks=()).rows[0]
+    assert with_stacks["feasible"], with_stacks["reason"]
+    assert with_stacks["predicted_step_time_s"] == by_hand["predicted_step_time_s"]

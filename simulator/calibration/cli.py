@@ -2,7 +2,7 @@
 
 Subcommands (PyTorch is needed only for ``profile``, ``check`` and ``host``; install ``clustersim[profile]``):
 
-* ``profile --device cuda|cpu --model M [--tp 1,2] [--micro-batch 1,2] [--collectives] --out DIR``
+* ``profile --device cuda|cpu --model M [--tp 1,2] [--micro-batch 1,2] [--fp8] [--collectives] --out DIR``
 * ``import-vidur``, ``import-nccl-tests``, ``import-torch-profiler``: third-party measurements to rows
 * ``fit DIR_OR_CSV... --out TABLE.yaml [--device NAME]``: rows to an efficiency table, with a residual report
 * ``check --device cuda|cpu``: train a small real GPT, predict it, print both
@@ -62,18 +62,18 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     shapes: dict[str, Any] = {}
     for ref in args.model or ():
         model = load_model(ref)
-        for s in model_shapes(model, seq_len=args.seq_len, micro_batches=args.micro_batch, tps=args.tp):
+        for s in model_shapes(model, seq_len=args.seq_len, micro_batches=args.micro_batch, tps=args.tp, fp8=args.fp8):
             shapes.setdefault(s.key, s)
     if args.configs:
         for cfg in _configs(args.configs, args.device):
             mbs = sorted({*args.micro_batch, cfg.micro_batch})
-            for s in model_shapes(cfg.model(), micro_batches=mbs, tps=args.tp):
+            for s in model_shapes(cfg.model(), micro_batches=mbs, tps=args.tp, fp8=args.fp8):
                 shapes.setdefault(s.key, s)
     colls = collective_shapes(args.ranks, args.device) if args.collectives else ()
     if args.collectives and args.ranks < 2:
         raise CalibrationError(f"--collectives needs --ranks >= 2, got {args.ranks}")
     report = run_profile(
-        [*shapes.values(), *(probe_shapes(args.device) if not args.no_probes else ())],
+        [*shapes.values(), *(probe_shapes(args.device, fp8=args.fp8) if not args.no_probes else ())],
         args.out,
         device=args.device,
         threads=args.threads,
@@ -353,6 +353,9 @@ def add_calibrate_parser(sub: Any) -> None:
     prof.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
     prof.add_argument("--tp", type=_ints, default=(1,), help="tensor-parallel widths, e.g. 1,2,4,8")
     prof.add_argument("--micro-batch", type=_ints, default=(1,), help="micro-batch sizes, e.g. 1,2,4")
+    prof.add_argument(
+        "--fp8", action="store_true", help="also time the FP8 GEMMs of FP8 training (needs FP8 tensor cores: H100...)"
+    )
     prof.add_argument("--collectives", action="store_true", help="also time collectives between local ranks")
     prof.add_argument("--ranks", type=int, default=2, help="processes for --collectives (default 2)")
     prof.add_argument("--warmup", type=int, default=2)

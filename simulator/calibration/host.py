@@ -1,10 +1,11 @@
 """Profiles of the machine at hand: a device, a cluster and a calibration table from our own measurements.
 
-The device's peak is the highest GEMM throughput the profile measured (the ``probe.peak_gemm`` square GEMM
-or any larger one), and its memory bandwidth the highest memory throughput of any memory-bound kernel or
-copy probe. Both are *measured* figures, with date and host as their source, so efficiencies are at most
-one by construction. On a CPU this bandwidth is the best cache/DRAM rate the kernels reached, which is what
-the simulator's bandwidth floor for small kernels needs; capacity is the host's RAM shared by its ranks.
+The device's peak is the highest 16-bit GEMM throughput the profile measured (the ``probe.peak_gemm`` square
+GEMM or any larger one), its FP8 peak the highest FP8 one where the profile timed FP8 GEMMs, and its memory
+bandwidth the highest memory throughput of any memory-bound kernel or copy probe. All are *measured* figures,
+with date and host as their source, so efficiencies are at most one by construction. On a CPU this bandwidth
+is the best cache/DRAM rate the kernels reached, which is what the simulator's bandwidth floor for small
+kernels needs; capacity is the host's RAM shared by its ranks.
 
 On a CPU, one simulated "device" is one rank: a process with ``threads`` intra-op threads. The host is a
 one-node cluster of ``ranks`` such devices whose "NVLink domain" is shared memory: its bandwidth is the
@@ -48,7 +49,8 @@ def host_device(
     CalibrationError
         When the rows hold no GEMM or no memory-bound measurement.
     """
-    gemm = [r.flops / r.time_s for r in rows if r.kind == "gemm" and r.flops > 0]
+    gemm = [r.flops / r.time_s for r in rows if r.kind == "gemm" and r.flops > 0 and r.precision != "fp8"]
+    gemm8 = [r.flops / r.time_s for r in rows if r.kind == "gemm" and r.flops > 0 and r.precision == "fp8"]
     memory = [r.bytes / r.time_s for r in rows if r.kind == "memory" and r.bytes > 0]
     if not gemm or not memory:
         raise CalibrationError(
@@ -61,13 +63,14 @@ def host_device(
     return DeviceSpec(
         name=name,
         vendor=first.device,
-        peak_flops=(("bf16", _sig(peak / TFLOP) * TFLOP),),
+        peak_flops=(("bf16", _sig(peak / TFLOP) * TFLOP),)
+        + ((("fp8", _sig(max(gemm8) / TFLOP) * TFLOP),) if gemm8 else ()),
         hbm_bytes=_sig(ram / max(ranks, 1) / GIB, 3) * GIB,
         hbm_bandwidth_bytes_per_s=_sig(max(memory) / GB) * GB,
         source=(
             f"measured by clustersim calibrate on host {first.host or 'unknown'} on {first.date or 'unknown date'} "
-            f"(torch {first.torch_version}): peak = best bf16 GEMM throughput, bandwidth = best memory-kernel "
-            f"throughput of the profile; capacity = RAM / {ranks} ranks"
+            f"(torch {first.torch_version}): peak = best bf16 (and FP8) GEMM throughput, bandwidth = best "
+            f"memory-kernel throughput of the profile; capacity = RAM / {ranks} ranks"
         ),
     )
 
@@ -110,6 +113,7 @@ def device_mapping(d: DeviceSpec) -> dict[str, Any]:
         "name": d.name,
         "vendor": d.vendor,
         "peak_tflops_bf16": _sig(d.peak("bf16") / TFLOP),
+        **({"peak_tflops_fp8": _sig(d.peak("fp8") / TFLOP)} if "fp8" in dict(d.peak_flops) else {}),
         "hbm_gib": _sig(d.hbm_bytes / GIB, 3),
         "hbm_bandwidth_gb_per_s": _sig(d.hbm_bandwidth_bytes_per_s / GB),
         "source": d.source,

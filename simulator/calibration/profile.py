@@ -5,6 +5,8 @@ What is timed (each distinct shape once; :mod:`.torchlib` for how):
 * the GEMMs of every linear layer of :func:`simulator.graph.transformer.build_graph`'s graph, for each
   micro-batch size and tensor-parallel width asked for (the shard a TP rank computes): the forward
   ``x·Wᵀ``, the activation gradient ``dy·W`` and the weight gradient ``dyᵀ·x``;
+* with ``fp8``, those GEMMs that FP8 training runs in FP8 once more as FP8 GEMMs (``torch._scaled_mm``, E4M3
+  operands with per-tensor scales, the layout Transformer Engine issues), and an FP8 peak probe;
 * the attention core, forward and backward (``scaled_dot_product_attention``, causal);
 * LayerNorm, GELU, the residual add, the embedding lookup, cross-entropy (forward and backward each) and
   the Adam step over the model's parameters;
@@ -61,6 +63,7 @@ __all__ = [
     "ProfileReport",
     "Shape",
     "collective_shapes",
+    "fp8_support",
     "missing_shapes",
     "model_shapes",
     "probe_shapes",
@@ -93,13 +96,16 @@ class Shape:
     flops: float = 0.0
     bytes: float = 0.0
     ranks: int = 0
+    precision: str = "bf16"
 
     @property
     def key(self) -> str:
-        """A stable identifier (the manifest's and the rows' ``note``)."""
+        """A stable identifier (the manifest's and the rows' ``note``); 16-bit shapes keep their old keys."""
         dims = f"m={self.m},n={self.n},k={self.k},b={self.batch},h={self.heads}"
         if self.kind == "collective":
             dims = f"bytes={int(self.bytes)},ranks={self.ranks}"
+        if self.precision != "bf16":
+            dims += f",p={self.precision}"
         return f"{self.kind}:{self.op}:{dims}"
 
 
@@ -143,9 +149,17 @@ def _memory_shape(op: Op, model: ModelSpec, b: int, s: int, tp: int) -> Shape | 
 
 
 def model_shapes(
-    model: ModelSpec, *, seq_len: int | None = None, micro_batches: Sequence[int] = (1,), tps: Sequence[int] = (1,)
+    model: ModelSpec,
+    *,
+    seq_len: int | None = None,
+    micro_batches: Sequence[int] = (1,),
+    tps: Sequence[int] = (1,),
+    fp8: bool = False,
 ) -> list[Shape]:
     """The distinct shapes of ``model``'s operators for each micro-batch size and TP width, in a stable order.
+
+    With ``fp8`` every GEMM that FP8 training runs in FP8 (:attr:`Op.fp8_capable`) is also timed as an FP8
+    GEMM (a second shape with ``precision="fp8"``), so one profile calibrates both precisions.
 
     >>> m = ModelSpec(name="t", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=32)
     >>> sorted({s.op for s in model_shapes(m)})[:4]
@@ -170,6 +184,9 @@ def model_shapes(
                             kind="gemm", op=f"gemm.{phase}", m=op.m, n=op.n, k=op.k, batch=op.batch, flops=op.flops,
                             bytes=op.bytes,
                         )  # fmt: skip
+                        if fp8 and op.fp8_capable and op.batch == 1:
+                            eight = replace(shape, precision="fp8")
+                            seen.setdefault(eight.key, eight)
                     elif op.kind == "attention":
                         shape = Shape(
                             kind="attention",
@@ -192,11 +209,12 @@ def model_shapes(
     return list(seen.values())
 
 
-def probe_shapes(dev_type: str) -> list[Shape]:
-    """The device probes: a large square GEMM and copies of several sizes."""
+def probe_shapes(dev_type: str, *, fp8: bool = False) -> list[Shape]:
+    """The device probes: a large square GEMM (also in FP8 with ``fp8``) and copies of several sizes."""
     n = 8192 if dev_type == "cuda" else 2048
     copies = (2**20, 2**24, 2**28, 2**30) if dev_type == "cuda" else (2**18, 2**22, 2**26)
-    return [Shape(kind="gemm", op="probe.peak_gemm", m=n, n=n, k=n, flops=2.0 * n**3, bytes=6.0 * n * n)] + [
+    peak = Shape(kind="gemm", op="probe.peak_gemm", m=n, n=n, k=n, flops=2.0 * n**3, bytes=6.0 * n * n)
+    return [peak, *([replace(peak, precision="fp8", bytes=3.0 * n * n)] if fp8 else [])] + [
         Shape(kind="memory", op="probe.copy", m=size // 2, n=1, bytes=2.0 * size) for size in copies
     ]
 
@@ -312,6 +330,8 @@ def _benchmark(shape: Shape, dev: Any) -> Callable[[], Any]:
     op, m, n, k, b = shape.op, shape.m, shape.n, shape.k, shape.batch
     # Inputs, outputs and (for Adam) gradients and two moments: a few times the bytes the op moves.
     memory_guard(3.0 * shape.bytes, dev)
+    if shape.kind == "gemm" and shape.precision == "fp8":
+        return _fp8_gemm(shape, dev)
     if shape.kind == "gemm":
         if shape.op == "probe.peak_gemm" or op == "gemm.dgrad":
             x, w = (rand(m, k), rand(k, n)) if b == 1 else (rand(b, m, k), rand(b, k, n))
@@ -385,6 +405,44 @@ def _benchmark(shape: Shape, dev: Any) -> Callable[[], Any]:
     return lambda: torch.autograd.grad(y, inputs, gy, retain_graph=True)
 
 
+FP8_ALIGN = 16  # FP8 GEMMs need every dimension a multiple of 16 (cuBLASLt; Transformer Engine pads to it)
+
+
+def _fp8_gemm(shape: Shape, dev: Any) -> Callable[[], Any]:
+    """An FP8 GEMM as Transformer Engine runs it: E4M3 operands with per-tensor scales, BF16 output.
+
+    Every FP8 GEMM of a TE linear layer (forward, activation gradient, weight gradient) is issued in the "TN"
+    layout, the only one Hopper's FP8 tensor cores take, from operands TE has already cast and transposed
+    (``cast_transpose``; that kernel is modelled as its own memory-bound op), so all three roles are timed as
+    ``x (m×k) · W (n×k)ᵀ`` with ``torch._scaled_mm``. Dimensions are padded up to :data:`FP8_ALIGN`; the row
+    keeps the graph's FLOPs. Sources: Transformer Engine documentation ("Using FP8 with Transformer
+    Engine"), PyTorch ``torch._scaled_mm`` (row-major ``x``, column-major second operand).
+    """
+    torch = require_torch()
+    e4m3 = torch.float8_e4m3fn
+    m, n, k = (FP8_ALIGN * math.ceil(max(d, 1) / FP8_ALIGN) for d in (shape.m, shape.n, shape.k))
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16).to(e4m3)
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16).to(e4m3)
+    scale = torch.ones((), device=dev, dtype=torch.float32)
+    out = torch.bfloat16
+    return lambda: torch._scaled_mm(x, w.t(), scale_a=scale, scale_b=scale, out_dtype=out)
+
+
+def fp8_support(dev: Any) -> str:
+    """Why FP8 GEMMs cannot be timed on ``dev`` ("" when they can)."""
+    torch = require_torch()
+    if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
+        return f"PyTorch {torch.__version__} has no FP8 matmul (torch._scaled_mm needs PyTorch >= 2.1)"
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        if (major, minor) < (8, 9):
+            return (
+                f"{torch.cuda.get_device_name(dev)} (compute capability {major}.{minor}) has no FP8 tensor cores; "
+                "they start at 8.9 (Ada, Hopper, Blackwell)"
+            )
+    return ""
+
+
 def _adam(shape: Shape, dev: Any) -> Callable[[], Any]:
     """Adam over tensors shaped like the model's (one big matrix per 4·hidden² parameters, plus vectors)."""
     torch = require_torch()
@@ -445,7 +503,7 @@ def _row(shape: Shape, seconds: float, min_s: float, std_s: float, repeats: int,
     return Measurement(
         kind=shape.kind,
         op=shape.op,
-        precision="bf16" if shape.kind in ("gemm", "attention") else "",
+        precision=shape.precision if shape.kind in ("gemm", "attention") else "",
         m=shape.m,
         n=shape.n,
         k=shape.k,
@@ -494,6 +552,8 @@ def run_profile(
     """
     dev = setup_device(device, threads if device == "cpu" else None)
     torch = require_torch()
+    if any(s.precision == "fp8" for s in shapes) and (why := fp8_support(dev)):
+        raise CalibrationError(f"FP8 profiling: {why}; profile without --fp8")
     out.mkdir(parents=True, exist_ok=True)
     say = log or (lambda _msg: None)
     planned = _read_manifest(out)

@@ -93,8 +93,7 @@ class ComputeModel:
 
     def op_precision(self, op: Op) -> str:
         """The precision an op computes in under this model's training precision."""
-        fp8_excluded = ("head.", "moe.router", "attn.scores", "attn.context")
-        if self.precision == "fp8" and op.kind == "gemm" and not op.name.startswith(fp8_excluded):
+        if self.precision == "fp8" and op.fp8_capable:
             return "fp8"
         return "fp16" if self.precision == "fp16" else "bf16"
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["AXES", "KINDS", "PHASES", "Op"]
+__all__ = ["AXES", "FP8_EXCLUDED", "KINDS", "PHASES", "Op"]
 
 KINDS = ("gemm", "attention", "memory")
 PHASES = ("fwd", "bwd_input", "bwd_weight", "bwd", "opt")
 AXES = ("", "m", "n", "k", "batch", "heads", "seq_q", "bytes", "vocab")
+# GEMMs that stay in 16 bits under FP8 training: Transformer Engine runs FP8 only inside its linear layers, not
+# in the output layer (Megatron keeps it in BF16), the MoE router or the unfused attention's batched GEMMs.
+FP8_EXCLUDED = ("head.", "moe.router", "attn.scores", "attn.context")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,6 +139,11 @@ class Op:
             self.read_bytes,
             self.write_bytes,
         )
+
+    @property
+    def fp8_capable(self) -> bool:
+        """Whether this op runs as an FP8 GEMM when the model trains in FP8 (:data:`FP8_EXCLUDED`)."""
+        return self.kind == "gemm" and not self.name.startswith(FP8_EXCLUDED)
 
     def with_(self, **changes: Any) -> Op:
         """A copy with some fields changed."""

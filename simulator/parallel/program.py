@@ -339,11 +339,7 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
 def fp8_gemm(op: Op, layout: Layout) -> bool:
     """Whether ``op`` is a GEMM that runs in FP8 (Transformer Engine linear layers; not the output layer,
     the router or the unfused attention's batched GEMMs)."""
-    return (
-        layout.plan.precision == "fp8"
-        and op.kind == "gemm"
-        and not op.name.startswith(("head.", "moe.router", "attn.scores", "attn.context"))
-    )
+    return layout.plan.precision == "fp8" and op.fp8_capable
 
 
 def _fp8_cast(op: Op) -> Op | None:

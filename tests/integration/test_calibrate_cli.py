@@ -73,6 +73,33 @@ def test_tiny_loop_profile_fit_check_and_simulate(tmp_path: Path, capsys: pytest
     assert {"configuration", "measured_s", "predicted_s", "error"} <= set(json.loads(out)["rows"][0])
 
 
+@pytest.mark.torch
+def test_fp8_profile_calibrates_fp8_gemms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    model = tmp_path / "tiny.yaml"
+    model.write_text("name: tiny\nlayers: 2\nhidden: 64\nheads: 4\nffn_hidden: 256\nvocab: 320\nseq_len: 32\n")
+    prof = tmp_path / "prof"
+    argv = ["calibrate", "profile", "--model", str(model), "--fp8", "--repeats", "2", "--out", str(prof)]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    table, device = tmp_path / "t.yaml", tmp_path / "d.yaml"
+    argv = ["calibrate", "fit", str(prof), "--out", str(table), "--device-out", str(device), "--format", "json"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert {"gemm:bf16", "gemm:fp8"} <= set(json.loads(out)["curves"])
+    assert "peak_tflops_fp8" in device.read_text()
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        f"name: c\ndevice: {device}\ngpus_per_node: 1\nnvlink_bandwidth_gb_per_s: 100\nnics_per_node: 1\n"
+        f"nic_bandwidth_gbit_per_s: 1\ncalibration: {table}\nsource: test\n"
+    )
+    argv = ["simulate", "--model", str(model), "--cluster", str(cluster), "--gpus", "1", "--global-batch", "1",
+            "--micro-batch", "1", "--precision", "fp8", "--format", "json"]  # fmt: skip
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    assert not [label for label in json.loads(out)["uncalibrated_ops"] if label.startswith("gemm")]
+
+
 def test_importers_write_rows_from_shipped_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "rows"
     mlp = DATA / "vidur" / "compute" / "h100" / "Llama-2-7b-hf" / "mlp.csv"

@@ -94,3 +94,41 @@ def test_megatron_cross_entropy_chain_equals_torch_cross_entropy() -> None:
     assert logits.grad is not None
     assert logits.grad.dtype == torch.bfloat16
     assert torch.allclose(logits.grad.float(), reference.grad, atol=1e-3)
+
+
+def test_fp8_shapes_are_the_fp8_gemms_of_fp8_training() -> None:
+    plain = model_shapes(TINY)
+    both = model_shapes(TINY, fp8=True)
+    eight = [s for s in both if s.precision == "fp8"]
+    # The 16-bit shapes and their keys (a resumed profile's manifest) do not change.
+    assert [s.key for s in both if s.precision == "bf16"] == [s.key for s in plain]
+    assert eight
+    assert all(s.kind == "gemm" and s.batch == 1 and s.key.endswith(",p=fp8") for s in eight)
+    # The output layer stays in BF16 under FP8 training: its GEMMs (n or k = vocab) get no FP8 shape.
+    model = ModelSpec(name="t", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=320, seq_len=32)
+    ops = [op for b in build_graph(model, 32, 1).blocks for op in b.forward + b.backward if op.kind == "gemm"]
+    capable = {(op.m, op.n, op.k) for op in ops if op.fp8_capable}
+    head = {(op.m, op.n, op.k) for op in ops if op.name.startswith("head.")}
+    assert {(s.m, s.n, s.k) for s in model_shapes(model, fp8=True) if s.precision == "fp8"} == capable
+    assert head
+    assert not head & capable
+    probes = probe_shapes("cpu", fp8=True)
+    assert [p.precision for p in probes if p.op == "probe.peak_gemm"] == ["bf16", "fp8"]
+
+
+@pytest.mark.torch
+def test_fp8_needs_fp8_tensor_cores(monkeypatch: Any) -> None:
+    torch = pytest.importorskip("torch")
+
+    class Dev:
+        type = "cuda"
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "NVIDIA A100-SXM4-80GB")
+    assert "8.0" in profile.fp8_support(Dev())
+    assert "8.9" in profile.fp8_support(Dev())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: (9, 0))
+    assert profile.fp8_support(Dev()) == ""
+    monkeypatch.setattr(profile, "fp8_support", lambda dev: "no FP8 here")
+    with pytest.raises(CalibrationError, match="no FP8 here; profile without --fp8"):
+        run_profile([s for s in model_shapes(TINY, fp8=True) if s.precision == "fp8"][:1], Path("unused"))

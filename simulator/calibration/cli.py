@@ -303,6 +303,7 @@ def _cmd_host(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         cold_cache=args.cold_cache,
         check=not args.no_check,
+        fp8=args.fp8,
         log=_say,
     )
     summary = summarize_errors(result.fit.residuals)
@@ -425,5 +426,6 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
     host.add_argument("--rounds", type=int, default=2, help="interleaved check rounds over the configurations")
     host.add_argument("--no-check", action="store_true", help="stop after writing the profiles")
+    host.add_argument("--fp8", action="store_true", help="also time FP8 GEMMs (profile --fp8); the check stays 16-bit")
     host.add_argument("--format", choices=("table", "json"), default="table")
     host.set_defaults(func=_cmd_host)

@@ -166,9 +166,14 @@ def run_host(
     rounds: int = 2,
     cold_cache: bool = False,
     check: bool = True,
+    fp8: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> HostResult:
-    """Profile, fit, write the host's device, calibration and cluster profiles, and check them."""
+    """Profile, fit, write the host's device, calibration and cluster profiles, and check them.
+
+    With ``fp8`` the profile also times the FP8 GEMMs (``profile --fp8``), so the table gets a ``gemm:fp8``
+    curve and the device an FP8 peak; the check's real steps stay 16-bit.
+    """
     from simulator.calibration.check import CPU_CONFIGS, GPU_CONFIGS, run_check
     from simulator.calibration.profile import collective_shapes, model_shapes, probe_shapes, run_profile
     from simulator.specs.library import load_cluster
@@ -185,12 +190,12 @@ def run_host(
     shapes: dict[str, Any] = {}
     for cfg in configs:
         mbs = sorted({*micro_batches, cfg.micro_batch})
-        for shape in model_shapes(cfg.model(), micro_batches=mbs):
+        for shape in model_shapes(cfg.model(), micro_batches=mbs, fp8=fp8):
             shapes.setdefault(shape.key, shape)
     profile_dir = out / "profile"
     say(f"profiling {len(shapes)} kernel shapes of {len(configs)} configurations into {profile_dir}")
     report = run_profile(
-        [*shapes.values(), *probe_shapes(device)],
+        [*shapes.values(), *probe_shapes(device, fp8=fp8)],
         profile_dir,
         device=device,
         threads=threads,

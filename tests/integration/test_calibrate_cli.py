@@ -26,7 +26,7 @@ def test_tiny_loop_profile_fit_check_and_simulate(tmp_path: Path, capsys: pytest
     host = tmp_path / "host"
     code, out, err = run(
         ["calibrate", "host", "--configs", "tiny", "--micro-batch", "1,2", "--ranks", "1", "--steps", "2",
-         "--warmup", "1", "--repeats", "3", "--out", str(host), "--format", "json"],
+         "--warmup", "1", "--repeats", "3", "--fp8", "--out", str(host), "--format", "json"],
         capsys,
     )  # fmt: skip
     assert code == 0, err
@@ -39,6 +39,8 @@ def test_tiny_loop_profile_fit_check_and_simulate(tmp_path: Path, capsys: pytest
     assert result["residuals"]["all kernels"]["n"] > 0
     cluster = host / "clusters" / "host-cpu.yaml"
     assert run(["check", str(cluster), str(host / "devices" / "host-cpu.yaml")], capsys)[0] == 0
+    assert "peak_tflops_fp8" in (host / "devices" / "host-cpu.yaml").read_text()  # --fp8 profiled FP8 GEMMs
+    assert "precision: fp8" in (host / "calibration" / "host-cpu.yaml").read_text()
 
     model = tmp_path / "tiny.yaml"
     model.write_text("name: tiny\nlayers: 2\nhidden: 64\nheads: 4\nffn_hidden: 256\nvocab: 256\nseq_len: 32\n")

@@ -449,7 +449,7 @@ def _pipeline_input(
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size
-            group = place("embedding", 2, layout.pp.stride * (plan.pp - 1), cluster)
+            group = place("embedding", 2, layout.pp.stride * (plan.pp - 1), cluster, offsets=layout.pp.stride)
             tail = comm.time(Comm("embedding_grad_all_reduce", "all_reduce", group, size, "dp"))
         stages.append(
             StageInput(

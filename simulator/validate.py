@@ -27,8 +27,10 @@ first. Stated columns are replaced only for knobs the deciding entry lists under
 
 The summary gives the median, mean, 90th percentile and maximum absolute relative error, the number of
 rows judged infeasible (a run that really ran and is predicted infeasible is a miss), breakdowns by
-cluster and by source, and the mean Spearman rank correlation of predicted vs measured step time inside
-groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked).
+cluster and by source, the mean Spearman rank correlation of predicted vs measured step time inside
+groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked), and
+which op classes ran on default (uncalibrated) curves in how many rows; each row lists its own under
+``uncalibrated``.
 """
 
 from __future__ import annotations
@@ -186,6 +188,8 @@ class ValidationReport:
         for col in ("chosen", "adjusted"):
             if col in frame:
                 frame[col] = frame[col].map(lambda c: json.dumps(c, sort_keys=True))
+        if "uncalibrated" in frame:
+            frame["uncalibrated"] = frame["uncalibrated"].map(";".join)
         return frame
 
     def to_dict(self) -> dict[str, Any]:
@@ -382,6 +386,7 @@ def validate_frame(
                 reason=result.reason,
                 chosen=result.chosen,
                 mfu=result.mfu if result.feasible else math.nan,
+                uncalibrated=sorted(result.uncalibrated_ops),
             )
         except (InfeasiblePlanError, SpecError) as err:
             entry.update(
@@ -392,6 +397,7 @@ def validate_frame(
                 reason=str(err),
                 chosen={},
                 mfu=math.nan,
+                uncalibrated=[],
             )
         report.rows.append(entry)
     report.summary = summarise(report.rows)
@@ -475,6 +481,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 rhos.append(rho)
     summary["spearman_groups"] = len(rhos)
     summary["mean_spearman"] = float(np.mean(rhos)) if rhos else math.nan
+    counts: dict[str, int] = {}
+    for r in ok:
+        for label in r.get("uncalibrated", ()):
+            counts[label] = counts.get(label, 0) + 1
+    summary["uncalibrated_rows"] = sum(1 for r in ok if r.get("uncalibrated"))
+    summary["uncalibrated"] = dict(sorted(counts.items()))
     return summary
 
 
@@ -510,6 +522,11 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         f"max {_pct(s.get('max_abs_error'))}; within-group Spearman {_num(s.get('mean_spearman'))} "
         f"over {s['spearman_groups']} groups"
     )
+    if s.get("uncalibrated"):
+        lines.append(
+            f"{s['uncalibrated_rows']} rows used default (uncalibrated) curves for: "
+            + ", ".join(f"{label} ({n} rows)" for label, n in s["uncalibrated"].items())
+        )
     for key in ("by_cluster", "by_source"):
         lines.append(f"{key.replace('_', ' ')}:")
         for name, st in s[key].items():

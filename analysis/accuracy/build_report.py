@@ -160,6 +160,18 @@ def main(argv: list[str] | None = None) -> int:
     for name, rep in reports:
         out += [f"## `{name}`", "", "### By cluster", "", *breakdown(rep, "cluster"), ""]
         out += ["### By source", "", *breakdown(rep, "source"), ""]
+        if rep.summary.get("uncalibrated"):
+            out += [
+                "### Uncalibrated ops",
+                "",
+                f"{rep.summary['uncalibrated_rows']} of {rep.summary['predicted']} predicted rows timed some ops on "
+                "the default curves (no kernel or collective measurement for that class on that hardware):",
+                "",
+                "| op class | rows |",
+                "|---|---:|",
+                *(f"| `{label}` | {n} |" for label, n in rep.summary["uncalibrated"].items()),
+                "",
+            ]
         out += ["### Rows", "", *row_table(rep), ""]
     args.out.write_text("\n".join(out), encoding="utf-8")
     print(f"wrote {args.out}" + (f" and {png}" if plotted else ""))

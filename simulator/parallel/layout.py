@@ -38,8 +38,14 @@ class Group:
         return self.domains > 1
 
 
-def place(name: str, size: int, stride: int, cluster: ClusterSpec) -> Group:
+def place(name: str, size: int, stride: int, cluster: ClusterSpec, offsets: int | None = None) -> Group:
     """Place a group of ``size`` ranks with rank ``stride`` on the cluster.
+
+    The groups of one kind start at ranks ``0 … offsets − 1`` (default ``stride``: the tp-cp-ep-dp-pp
+    groups) and domains hold consecutive ranks. Where ``stride`` neither reaches across a domain nor
+    divides it, the group spans as many domains as its worst-placed member of that family does; the tied
+    embedding's group (first and last pipeline stage: ``stride`` = (pp − 1) × the pipeline stride, offsets
+    = the pipeline stride) is such a case.
 
     >>> from simulator.specs.hardware import ClusterSpec, DeviceSpec
     >>> dev = DeviceSpec(name="d", peak_flops=(("bf16", 1e15),), hbm_bytes=8e10, hbm_bandwidth_bytes_per_s=3e12)
@@ -48,12 +54,21 @@ def place(name: str, size: int, stride: int, cluster: ClusterSpec) -> Group:
     >>> g = place("dp", 16, 8, c)
     >>> (g.per_domain, g.domains)
     (1, 16)
+    >>> g = place("embedding", 2, 6, c, offsets=2)  # pp 4 over dp 2: ranks 0 and 6, or 1 and 7, one node
+    >>> (g.per_domain, g.domains)
+    (2, 1)
     """
     domain = cluster.nvlink_domain_gpus
     if size <= 1:
         return Group(name, 1, stride, 1, 1)
-    per_domain = 1 if stride >= domain else max(1, min(size, domain // stride))
-    domains = -(-size // per_domain)
+    if stride >= domain or domain % stride == 0:
+        per_domain = 1 if stride >= domain else min(size, domain // stride)
+        return Group(name, size, stride, per_domain, -(-size // per_domain))
+    # stride < domain: consecutive members are less than a domain apart, so the group covers every domain
+    # from its first member's to its last one's; the family's last group starts latest.
+    first = max((offsets or stride) - 1, 0)
+    domains = (first % domain + (size - 1) * stride) // domain + 1
+    per_domain = size if domains == 1 else max(1, min(size, domain // stride))
     return Group(name, size, stride, per_domain, domains)
 
 

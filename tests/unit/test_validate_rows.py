@@ -137,3 +137,30 @@ def test_a_model_entry_and_its_source_entry_both_apply() -> None:
     by_hand = validate_frame(pd.DataFrame([stated]), "t.csv", stacks=()).rows[0]
     assert with_stacks["feasible"], with_stacks["reason"]
     assert with_stacks["predicted_step_time_s"] == by_hand["predicted_step_time_s"]
+
+
+def test_rows_and_summary_say_which_ops_ran_uncalibrated() -> None:
+    frame = pd.DataFrame(
+        [
+            _row(run_id="bf16"),
+            _row(run_id="fp8", precision="fp8"),  # the shipped H100 table has no FP8 GEMM measurement
+            _row(run_id="two-nodes", num_gpus=16, dp=16, global_batch=16),  # no multi-node collective data either
+        ]
+    )
+    report = validate_frame(frame, "t.csv")
+    labels = {r["run_id"]: r["uncalibrated"] for r in report.rows}
+    assert labels["bf16"] == []
+    assert labels["fp8"] == ["gemm:fp8"]
+    assert "all_reduce:network" in labels["two-nodes"]
+    assert "gemm:fp8" not in labels["two-nodes"]
+    assert report.summary["uncalibrated_rows"] == 2
+    assert report.summary["uncalibrated"]["gemm:fp8"] == 1
+    assert report.rows_frame()["uncalibrated"].tolist()[1] == "gemm:fp8"
+
+
+def test_tied_embedding_all_reduce_of_a_single_node_pipeline_stays_on_nvlink() -> None:
+    # pp 4 over dp 2 on one DGX: the first and last stages are ranks 0 and 6 (and 1 and 7), all in one node.
+    row = _row(run_id="pp4", cluster="dgx-a100-80g", tp=1, pp=4, dp=2, global_batch=8, precision="fp16")
+    report = validate_frame(pd.DataFrame([row]), "t.csv")
+    assert report.rows[0]["feasible"]
+    assert not [label for label in report.rows[0]["uncalibrated"] if label.endswith(":network")]

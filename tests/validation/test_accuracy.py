@@ -25,10 +25,12 @@ ISSUE_TARGET = {
     "published_runs.csv": {"median_abs_error": 0.07, "p90_abs_error": 0.15},
     "vtrain_single_node.csv": {"median_abs_error": 0.12},
 }
-# What the model reaches today (analysis/ACCURACY.md), plus about half a point of margin.
+# What the model reaches today (analysis/ACCURACY.md), plus about half a point of margin. vTrain's median went
+# from 14.9% to 15.2% (and its Spearman from 0.833 to 0.867) when the tied-embedding all-reduce of single-node
+# pipelines stopped being timed over the network (layout.place's offsets): a correction, not a regression.
 GUARD = {
     "published_runs.csv": {"median_abs_error": 0.095, "p90_abs_error": 0.235},
-    "vtrain_single_node.csv": {"median_abs_error": 0.15, "p90_abs_error": 0.37},
+    "vtrain_single_node.csv": {"median_abs_error": 0.155, "p90_abs_error": 0.375},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)
 

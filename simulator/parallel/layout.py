@@ -43,7 +43,7 @@ def place(name: str, size: int, stride: int, cluster: ClusterSpec, offsets: int 
 
     The groups of one kind start at ranks ``0 … offsets − 1`` (default ``stride``: the tp-cp-ep-dp-pp
     groups) and domains hold consecutive ranks. Where ``stride`` neither reaches across a domain nor
-    divides it, the group spans as many domains as its worst-placed member of that family does; the tied
+    divides it, the group spans as many domains as the worst-placed group of its family does; the tied
     embedding's group (first and last pipeline stage: ``stride`` = (pp − 1) × the pipeline stride, offsets
     = the pipeline stride) is such a case.
 

@@ -51,7 +51,7 @@ from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
-from simulator.specs.plan import PlanSpec, read_knob
+from simulator.specs.plan import TRAINING_KNOBS, PlanSpec, read_knob
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -73,16 +73,7 @@ RESCUE_STEPS: tuple[dict[str, Any], ...] = (
     {"zero_stage": 3, "sequence_parallel": True, "recompute": "full"},
 )
 _RECOMPUTE_RANK = {"none": 0, "selective": 1, "full": 2}
-STACK_KNOBS = (
-    "attention",
-    "tp_overlap",
-    "zero_stage",
-    "sequence_parallel",
-    "grad_dtype",
-    "micro_batch",
-    "vp",
-    "grad_overlap",
-)
+STACK_KNOBS = TRAINING_KNOBS  # an entry may set any training knob a plan file's reader checks
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ __all__ = [
     "PRECISIONS",
     "RECOMPUTE",
     "SCHEDULES",
+    "TRAINING_KNOBS",
     "PlanSpec",
     "read_knob",
 ]
@@ -52,6 +53,9 @@ _KNOB_READERS: dict[str, Any] = {
     "grad_dtype": lambda f, key, default: f.choice(key, GRAD_DTYPES, default),
     "attention": lambda f, key, default: f.choice(key, ATTENTION, default),
 }
+
+
+TRAINING_KNOBS = tuple(_KNOB_READERS)  # the knobs read_knob reads
 
 
 def read_knob(fields: Fields, key: str, default: Any = MISSING) -> Any:

@@ -435,6 +435,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     print(text)
     if args.out is not None:
         _write_output(args.out, report.rows_frame().to_csv(index=False, float_format="%.6g"), "--out")
+    invalid = report.summary.get("invalid", 0)
+    if invalid:
+        # Every row was still reported; a file with unreadable rows is bad input all the same.
+        print(
+            f"error: {invalid} row(s) could not be read; each row's reason names the cell and the fix", file=sys.stderr
+        )
+        return EXIT_BAD_INPUT
     return EXIT_OK
 
 

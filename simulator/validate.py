@@ -26,7 +26,9 @@ entry that sets it decides, so a model's entry goes before its source's, and the
 first. Stated columns are replaced only for knobs the deciding entry lists under ``override``.
 
 The summary gives the median, mean, 90th percentile and maximum absolute relative error, the number of
-rows judged infeasible (a run that really ran and is predicted infeasible is a miss), breakdowns by
+rows judged infeasible (a run that really ran and is predicted infeasible is a miss), the rows that could
+not be read (``invalid``: a bad cell, named in the row's ``reason``; not counted as infeasible) and those
+without a measured time (``unmeasured``: predicted, left out of the error figures), breakdowns by
 cluster and by source, the mean Spearman rank correlation of predicted vs measured step time inside
 groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked), and
 which op classes ran on default (uncalibrated) curves in how many rows; each row lists its own under
@@ -224,6 +226,25 @@ def _bool(row: pd.Series, col: str, where: str) -> bool | None:
     raise SpecError(f"{where}: {col}", f"must be true or false, got {value!r}", "fix the cell")
 
 
+def _measured(row: pd.Series, where: str) -> tuple[float, SpecError | None]:
+    """The row's measured seconds (NaN when the cell is empty: predicted, left out of the error figures),
+    or the error that makes the row invalid."""
+    value = _cell(row, "measured_step_time_s")
+    if value is None:
+        return math.nan, None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if math.isfinite(seconds) and seconds > 0:
+        return seconds, None
+    return math.nan, SpecError(
+        f"{where}: measured_step_time_s",
+        f"must be a number of seconds > 0, got {value!r}",
+        "write the measured seconds per optimizer step, or leave the cell empty to predict the row unmeasured",
+    )
+
+
 def row_model(row: pd.Series, where: str) -> ModelSpec:
     """The model a validation row describes (see the module docstring for unstated choices)."""
     gated = bool(_bool(row, "gated_mlp", where))
@@ -346,7 +367,7 @@ def validate_frame(
     clusters: dict[tuple[str, int | None], ClusterSpec] = {}
     for i, row in frame.iterrows():
         where = f"{source}: row {int(str(i)) + 2} ({_cell(row, 'run_id')})"
-        measured = float(row["measured_step_time_s"])
+        measured, bad_measure = _measured(row, where)
         entry: dict[str, Any] = {
             "run_id": str(_cell(row, "run_id")),
             "model": str(_cell(row, "model")),
@@ -357,6 +378,8 @@ def validate_frame(
             "measured_step_time_s": measured,
         }
         try:
+            if bad_measure is not None:
+                raise bad_measure
             model = row_model(row, where)
             cluster = row_cluster(row, where, clusters)
             plan = row_plan(row, where)
@@ -374,6 +397,7 @@ def validate_frame(
                 predicted_step_time_s=predicted,
                 error=(predicted - measured) / measured if result.feasible else math.nan,
                 feasible=result.feasible,
+                invalid=False,
                 reason=result.reason,
                 chosen=result.chosen,
                 mfu=result.mfu if result.feasible else math.nan,
@@ -385,6 +409,7 @@ def validate_frame(
                 predicted_step_time_s=math.nan,
                 error=math.nan,
                 feasible=False,
+                invalid=isinstance(err, SpecError),
                 reason=str(err),
                 chosen={},
                 mfu=math.nan,
@@ -442,11 +467,16 @@ def _spearman(pred: list[float], meas: list[float]) -> float:
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Summary figures over per-row results (see module docstring)."""
-    ok = [r for r in rows if r.get("feasible")]
+    predicted = [r for r in rows if r.get("feasible")]
+    # Error figures need a measurement; a row without one is still predicted (and counted as such).
+    ok = [r for r in predicted if math.isfinite(r["measured_step_time_s"])]
+    invalid = sum(1 for r in rows if r.get("invalid"))
     summary: dict[str, Any] = {
         "rows": len(rows),
-        "predicted": len(ok),
-        "infeasible": len(rows) - len(ok),
+        "predicted": len(predicted),
+        "infeasible": len(rows) - len(predicted) - invalid,
+        "invalid": invalid,
+        "unmeasured": len(predicted) - len(ok),
         "adjusted": sum(1 for r in rows if r.get("adjusted")),
     }
     summary.update({k: v for k, v in _stats([r["error"] for r in ok]).items() if k != "rows"})
@@ -456,8 +486,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             groups.setdefault(str(r.get(key, "")), []).append(r)
         summary[f"by_{key}"] = {
             name: {
-                **_stats([r["error"] for r in grp if r.get("feasible")]),
-                "infeasible": sum(1 for r in grp if not r.get("feasible")),
+                **_stats([r["error"] for r in grp if r.get("feasible") and math.isfinite(r["error"])]),
+                "infeasible": sum(1 for r in grp if not r.get("feasible") and not r.get("invalid")),
+                "invalid": sum(1 for r in grp if r.get("invalid")),
             }
             for name, grp in sorted(groups.items())
         }
@@ -473,10 +504,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     summary["spearman_groups"] = len(rhos)
     summary["mean_spearman"] = float(np.mean(rhos)) if rhos else math.nan
     counts: dict[str, int] = {}
-    for r in ok:
+    for r in predicted:
         for label in r.get("uncalibrated", ()):
             counts[label] = counts.get(label, 0) + 1
-    summary["uncalibrated_rows"] = sum(1 for r in ok if r.get("uncalibrated"))
+    summary["uncalibrated_rows"] = sum(1 for r in predicted if r.get("uncalibrated"))
     summary["uncalibrated"] = dict(sorted(counts.items()))
     return summary
 
@@ -499,15 +530,17 @@ def format_report(report: ValidationReport, fmt: str) -> str:
             note += f" | stack: {r['stack']}"
         if r.get("adjusted"):
             note += " | adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items())
+        meas = r["measured_step_time_s"]
         lines.append(
             f"{r['run_id']:<18}{r['model'][:27]:<28}{r['cluster']:<14}{r['num_gpus'] or 0:>6}"
-            f"{r['measured_step_time_s']:>11.4g}{'' if math.isnan(pred) else f'{pred:.4g}':>11}"
+            f"{'' if math.isnan(meas) else f'{meas:.4g}':>11}{'' if math.isnan(pred) else f'{pred:.4g}':>11}"
             f"{'' if math.isnan(err) else f'{err * 100:+.1f}%':>9}  {note}"
         )
     s = report.summary
     lines.append("")
+    extra = "".join(f", {key} {s[key]}" for key in ("invalid", "unmeasured") if s.get(key))
     lines.append(
-        f"rows {s['rows']}, predicted {s['predicted']}, infeasible {s['infeasible']}, adjusted to fit "
+        f"rows {s['rows']}, predicted {s['predicted']}, infeasible {s['infeasible']}{extra}, adjusted to fit "
         f"{s['adjusted']}; |error| median "
         f"{_pct(s.get('median_abs_error'))}, mean {_pct(s.get('mean_abs_error'))}, p90 {_pct(s.get('p90_abs_error'))}, "
         f"max {_pct(s.get('max_abs_error'))}; within-group Spearman {_num(s.get('mean_spearman'))} "
@@ -524,6 +557,7 @@ def format_report(report: ValidationReport, fmt: str) -> str:
             lines.append(
                 f"  {name[:70]:<72} rows {st['rows']:>4}  median {_pct(st.get('median_abs_error'))}  "
                 f"p90 {_pct(st.get('p90_abs_error'))}  infeasible {st['infeasible']}"
+                + (f"  invalid {st['invalid']}" if st.get("invalid") else "")
             )
     return "\n".join(lines)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -372,3 +374,26 @@ def test_internal_error_is_a_message_not_a_traceback(
     assert code == 1
     assert err.startswith("error: internal check failed: pipeline deadlock")
     assert "Traceback" not in err
+
+
+def test_validate_reports_every_row_and_exits_2_when_a_cell_is_bad(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad cell is reported in its row (file, row, column, value, fix), the rest still predicted; exit 2."""
+    src = Path(__file__).resolve().parents[2] / "data" / "validation" / "published_runs.csv"
+    lines = src.read_text().splitlines()
+    header = lines[0].split(",")
+    col = header.index("measured_step_time_s")
+    rows = list(csv.reader(io.StringIO("\n".join(lines[:3]))))
+    rows[2][col] = "fast"
+    out_csv = io.StringIO()
+    csv.writer(out_csv, lineterminator="\n").writerows(rows)
+    path = tmp_path / "two.csv"
+    path.write_text(out_csv.getvalue())
+    assert main(["validate", str(path), "--no-stacks"]) == 2
+    captured = capsys.readouterr()
+    assert "row 3 (" in captured.out
+    assert "measured_step_time_s: must be a number of seconds > 0, got 'fast'" in captured.out
+    assert "predicted 1, infeasible 0, invalid 1" in captured.out
+    assert "1 row(s) could not be read" in captured.err
+    assert "Traceback" not in captured.out + captured.err

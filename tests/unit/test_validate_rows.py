@@ -164,3 +164,31 @@ def test_tied_embedding_all_reduce_of_a_single_node_pipeline_stays_on_nvlink() -
     report = validate_frame(pd.DataFrame([row]), "t.csv")
     assert report.rows[0]["feasible"]
     assert not [label for label in report.rows[0]["uncalibrated"] if label.endswith(":network")]
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "0", "inf"])
+def test_a_bad_measured_time_makes_the_row_invalid_not_infeasible(value: str) -> None:
+    """A measured time that is not seconds > 0 is a bad cell: the row says which and how to fix it."""
+    report = validate_frame(pd.DataFrame([_row(), _row(run_id="r2", measured_step_time_s=value)]), "f.csv")
+    good, bad = report.rows
+    assert good["feasible"]
+    assert not good["invalid"]
+    assert not bad["feasible"]
+    assert bad["invalid"]
+    assert "row 3 (r2): measured_step_time_s" in bad["reason"]
+    assert repr(value) in bad["reason"]
+    s = report.summary
+    assert (s["predicted"], s["infeasible"], s["invalid"], s["unmeasured"]) == (1, 0, 1, 0)
+    assert s["by_cluster"]["dgx-h100"]["invalid"] == 1
+
+
+def test_an_unmeasured_row_is_predicted_and_left_out_of_the_error_figures() -> None:
+    report = validate_frame(
+        pd.DataFrame([_row(), _row(run_id="r2", measured_step_time_s=float("nan"), global_batch=64)]), "f.csv"
+    )
+    measured, unmeasured = report.rows
+    assert unmeasured["feasible"]
+    assert unmeasured["predicted_step_time_s"] > measured["predicted_step_time_s"]
+    s = report.summary
+    assert (s["predicted"], s["unmeasured"], s["invalid"]) == (2, 1, 0)
+    assert s["median_abs_error"] == pytest.approx(abs(measured["error"]))

@@ -214,6 +214,13 @@ def _int(row: pd.Series, col: str, where: str, default: int | None = None) -> in
     return int(number)
 
 
+def _required_int(row: pd.Series, col: str, where: str) -> int:
+    value = _int(row, col, where)
+    if value is None:
+        raise SpecError(f"{where}: {col}", "is empty", f"fill {col}: it is required (data/validation/README.md)")
+    return value
+
+
 def _bool(row: pd.Series, col: str, where: str) -> bool | None:
     value = _cell(row, col)
     if value is None:
@@ -256,20 +263,19 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
         moe = MoESpec(
             num_experts=experts,
             top_k=_int(row, "experts_topk", where, 2) or 2,
-            expert_ffn_hidden=_int(row, "ffn_hidden", where) or 1,
+            expert_ffn_hidden=_required_int(row, "ffn_hidden", where),
         )
-    heads = _int(row, "heads", where)
-    assert heads is not None
+    heads = _required_int(row, "heads", where)
     try:
         return ModelSpec(
             name=str(_cell(row, "model") or "model"),
-            layers=_int(row, "layers", where) or 0,
-            hidden=_int(row, "hidden", where) or 0,
+            layers=_required_int(row, "layers", where),
+            hidden=_required_int(row, "hidden", where),
             heads=heads,
             kv_heads=_int(row, "kv_heads", where, heads) or heads,
             head_dim=_int(row, "head_dim", where, 0) or 0,
-            ffn_hidden=_int(row, "ffn_hidden", where) or 0,
-            vocab=_int(row, "vocab", where) or 0,
+            ffn_hidden=_required_int(row, "ffn_hidden", where),
+            vocab=_required_int(row, "vocab", where),
             gated_mlp=gated,
             activation="swiglu" if gated else "gelu",
             norm="rmsnorm" if gated else "layernorm",
@@ -277,7 +283,7 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
             position_embedding="rope" if gated else "learned",
             bias=not gated,
             dropout=not gated,
-            seq_len=_int(row, "seq_len", where) or 2048,
+            seq_len=_required_int(row, "seq_len", where),
             moe=moe,
         )
     except SpecError as err:

@@ -192,3 +192,16 @@ def test_an_unmeasured_row_is_predicted_and_left_out_of_the_error_figures() -> N
     s = report.summary
     assert (s["predicted"], s["unmeasured"], s["invalid"]) == (2, 1, 0)
     assert s["median_abs_error"] == pytest.approx(abs(measured["error"]))
+
+
+@pytest.mark.parametrize("column", ["layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"])
+def test_an_empty_architecture_cell_makes_the_row_invalid_and_names_the_cell(column: str) -> None:
+    """A model the row does not describe is bad input (no silent default such as a 2,048-token sequence)."""
+    report = validate_frame(pd.DataFrame([_row(), _row(run_id="r2", **{column: float("nan")})]), "f.csv")
+    good, bad = report.rows
+    assert good["feasible"]
+    assert bad["invalid"]
+    assert not bad["feasible"]
+    assert f"row 3 (r2): {column}" in bad["reason"]
+    assert "is empty" in bad["reason"]
+    assert report.summary["invalid"] == 1

@@ -52,7 +52,10 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero", type=int, dest="zero_stage", help="ZeRO stage 0-3 (3 = FSDP)")
     g.add_argument("--precision", help="fp16, bf16 or fp8")
     g.add_argument("--grad-dtype", help="gradient accumulate/reduce dtype fp32, bf16 or fp16 (default: Megatron's)")
-    g.add_argument("--attention", help="flash (fused kernel, default) or unfused (explicit softmax)")
+    g.add_argument(
+        "--attention",
+        help="flash (the device's fastest fused kernel, default), flash2 (FlashAttention-2) or unfused (softmax)",
+    )
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None)
@@ -446,6 +449,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _build_parser() -> _Parser:
+    from simulator.specs.plan import ATTENTION
+
     parser = _Parser(prog="clustersim", description="Simulate large-scale transformer training before you book it.")
     parser.add_argument("--version", action="version", version=f"clustersim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -472,7 +477,7 @@ def _build_parser() -> _Parser:
     graph.add_argument("--model", required=True)
     graph.add_argument("--seq-len", type=int)
     graph.add_argument("--micro-batch", type=int, default=1)
-    graph.add_argument("--attention", choices=("flash", "unfused"), default="flash")
+    graph.add_argument("--attention", choices=ATTENTION, default="flash")
     graph.add_argument("--format", choices=("table", "json", "dot"), default="table")
     graph.set_defaults(func=_cmd_graph)
 

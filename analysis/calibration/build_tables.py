@@ -11,6 +11,7 @@ run writes the same bytes.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -35,7 +36,13 @@ TABLES = {
 }
 
 
+def published_rows(device: str) -> list[Measurement]:
+    """Kernel throughputs published as numbers (data/calibration/published/) for one device."""
+    return [r for r in read_rows([DATA / "published"]) if r.device == device]
+
+
 def rows_for(gpu: str, node: str, vtrain: bool) -> list[Measurement]:
+    """The profiled rows (Vidur, vTrain) of one device; published numbers come from published_rows."""
     rows: list[Measurement] = []
     for path in sorted((DATA / "vidur" / "compute" / gpu).glob("*/mlp.csv")):
         rows += import_vidur_compute(path)
@@ -44,9 +51,15 @@ def rows_for(gpu: str, node: str, vtrain: bool) -> list[Measurement]:
     if vtrain:
         for path in sorted((DATA / "vtrain").glob("a100_all_reduce_*gpu.txt")):
             rows += import_vtrain_table(path)
-    device = DEVICES[gpu]
-    rows += [r for r in read_rows([DATA / "published"]) if r.device == device]
     return rows
+
+
+def merged(profiled: CalibrationTable, published: CalibrationTable) -> CalibrationTable:
+    """``profiled`` with the curves fitted from published numbers added (their classes must be new to it)."""
+    clash = {(c.op, c.precision) for c in profiled.compute} & {(c.op, c.precision) for c in published.compute}
+    if clash:
+        raise SystemExit(f"curves fitted from both profiled and published rows: {sorted(clash)}")
+    return replace(profiled, compute=tuple(sorted((*profiled.compute, *published.compute), key=lambda c: c.op)))
 
 
 def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, float]]]]:
@@ -55,7 +68,9 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
     measured = []
     for name, (device_name, cluster_name, gpu, node, vtrain) in TABLES.items():
         device = load_device(device_name)
-        rows = rows_for(gpu, node, vtrain)
+        profiled = rows_for(gpu, node, vtrain)
+        published = published_rows(DEVICES[gpu])
+        rows = profiled + published
         files = sorted({r.source for r in rows})
         provenance = (
             ("data", "data/calibration/ (copied from the public repositories below, MIT licence, LICENSE files kept)"),
@@ -68,13 +83,11 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
             ("files", f"{len(files)} files, {len(rows)} rows"),
             ("builder", "analysis/calibration/build_tables.py"),
         )
-        table = fit_table(
-            rows,
-            device,
-            name=name,
-            source=f"fitted from public kernel and NCCL measurements on {device_name} (see provenance)",
-            provenance=provenance,
-        )
+        source = f"fitted from public kernel and NCCL measurements on {device_name} (see provenance)"
+        table = fit_table(profiled, device, name=name, source=source, provenance=provenance)
+        # A published number is already an aggregate over many runs (a paper's bar, a benchmark's table cell), so
+        # every one is kept (min_bin_rows=1) instead of being dropped as a sparse bin beside better-populated ones.
+        table = merged(table, fit_table(published, device, name=name, min_bin_rows=1))
         tables[name] = table
         residuals[name] = residual_report(rows, device)
         measured.append((table, device, load_cluster(cluster_name).nvlink_bandwidth_bytes_per_s))

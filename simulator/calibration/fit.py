@@ -44,7 +44,9 @@ from simulator.calibration.rows import Measurement, memory_class
 from simulator.cost.communication import bus_factor
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import (
+    ATTENTION_CLASSES,
     COMPUTE_OPS,
+    FA2_ROW_PREFIX,
     BandwidthCurve,
     CalibrationTable,
     EfficiencyCurve,
@@ -68,17 +70,47 @@ GENERIC_MEMORY = ("all", "unclassified")
 
 
 def compute_class(row: Measurement) -> str:
-    """The curve a compute row belongs to: ``gemm``, ``attention``, ``attention_bwd`` or a memory class.
+    """The curve a compute row belongs to: ``gemm``, an attention class (``attention``, or ``attention_fa2`` for
+    FlashAttention-2 rows, named ``flash2_...``), its ``_bwd`` variant, or a memory class.
 
     >>> compute_class(Measurement(kind="attention", op="attention_bwd", time_s=1.0))
     'attention_bwd'
+    >>> compute_class(Measurement(kind="attention", op="flash2_attention_fwd", time_s=1.0))
+    'attention_fa2'
     """
     backward = "_bwd" in row.op or "backward" in row.op
     if row.kind == "memory":
         return memory_class(row.op) + ("_bwd" if backward else "")
-    if row.kind == "attention" and backward:
-        return "attention_bwd"
+    if row.kind == "attention":
+        cls = ATTENTION_CLASSES["flash2"] if row.op.startswith(FA2_ROW_PREFIX) else ATTENTION_CLASSES["flash"]
+        return cls + ("_bwd" if backward else "")
     return row.kind
+
+
+def _default_kernel_from_fa2(
+    compute: dict[tuple[str, str], list[tuple[float, float]]],
+) -> dict[tuple[str, str], str]:
+    """Give a device whose only measured fused attention kernel is FlashAttention-2 its ``attention`` curves from it.
+
+    ``attention`` is the device's own fused kernel, the fastest measured on it; where no other kernel was
+    measured at a precision (A100: FlashAttention-2 is the Ampere kernel, Dao 2023), that is FlashAttention-2.
+    Returns the curves it added, each with the class of the rows it was fitted from.
+    """
+    fa2, own = ATTENTION_CLASSES["flash2"], ATTENTION_CLASSES["flash"]
+
+    def family(precision: str) -> str:  # FP16 and BF16 curves stand in for each other (compute_curve)
+        return "16-bit" if precision in ("fp16", "bf16") else precision
+
+    measured_own = {family(p) for c, p in compute if c in (own, own + "_bwd")}
+    derived: dict[tuple[str, str], str] = {}
+    for (cls, precision), points in list(compute.items()):
+        if family(precision) in measured_own:
+            continue
+        if cls in (fa2, fa2 + "_bwd"):
+            key = (own + cls.removeprefix(fa2), precision)
+            compute[key] = list(points)
+            derived[key] = cls
+    return derived
 
 
 def _is_probe(row: Measurement) -> bool:
@@ -185,6 +217,7 @@ def fit_table(
                 compute[(cls, "any")].append(point)
         else:
             compute[(compute_class(row), row.precision)].append(_efficiency(row, device))
+    derived = _default_kernel_from_fa2(compute)
     curves: list[EfficiencyCurve] = []
     for (kind, precision), points in sorted(compute.items()):
         xs, ys = _binned(points, bins_per_decade, math.log10, min_bin_rows)
@@ -197,7 +230,7 @@ def fit_table(
                     log10_size=xs,
                     efficiency=tuple(round(min(max(y, 1e-4), 1.0), 4) for y in ys),
                     samples=len(points),
-                    source=_sources(rows, kind, precision),
+                    source=_sources(rows, derived.get((kind, precision), kind), precision),
                 )
             )
     bands: list[BandwidthCurve] = []
@@ -237,7 +270,7 @@ def _sources(rows: Sequence[Measurement], kind: str, key: str) -> str:
         {
             r.source.rsplit("/", 2)[0] if "/" in r.source else r.source
             for r in rows
-            if (r.kind == kind and key in (r.precision, r.op))
+            if (r.kind == kind == "collective" and key in (r.precision, r.op))
             or (r.kind != "collective" and compute_class(r) == kind)
             or (r.kind == "memory" and kind == "memory")
         }

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.graph.ops import Op
-from simulator.specs.calibration import CalibrationTable, EfficiencyCurve
+from simulator.specs.calibration import ATTENTION_CLASSES, CalibrationTable, EfficiencyCurve
 from simulator.specs.hardware import DeviceSpec
 
 __all__ = ["FALLBACK_EFFICIENCY", "ComputeModel"]
@@ -91,6 +91,16 @@ class ComputeModel:
             return "elementwise"
         return "memory"
 
+    @staticmethod
+    def op_class(op: Op) -> str:
+        """The calibration class that times ``op``: its memory class, ``gemm``, or its attention kernel's curve
+        (``attention`` for the device's own fused kernel, ``attention_fa2`` for FlashAttention-2)."""
+        if op.kind == "memory":
+            return ComputeModel.memory_class(op)
+        if op.kind == "attention":
+            return ATTENTION_CLASSES.get(op.kernel, "attention")
+        return op.kind
+
     def op_precision(self, op: Op) -> str:
         """The precision an op computes in under this model's training precision."""
         if self.precision == "fp8" and op.fp8_capable:
@@ -100,7 +110,7 @@ class ComputeModel:
     def time(self, op: Op) -> float:
         """Seconds for ``op`` (cached per shape)."""
         precision = self.op_precision(op)
-        cls = self.memory_class(op) if op.kind == "memory" else op.kind
+        cls = self.op_class(op)
         # Backward ops may have their own measured curve (``<class>_bwd``), so the phase is part of the key.
         key = (precision, cls, op.phase == "bwd", *op.shape_key())
         cached = self._cache.get(key)
@@ -128,27 +138,29 @@ class ComputeModel:
                 curve, calibrated = self._curve(cls, precision)
             if curve is None:
                 curve, calibrated = self._curve("memory", precision)
-            eff = self._efficiency(curve, calibrated, "memory", size, hbm)
+            eff = self._efficiency(curve, calibrated, "memory", "memory", size, hbm)
             return size / (hbm * eff)
         flops = op.flops
         if flops <= 0:
             return 0.0
         peak = self.device.peak(precision)
-        curve, calibrated = self._curve(op.kind, precision)
-        bwd_curve, _ = self._measured_backward(op, op.kind, precision)
+        cls = self.op_class(op)
+        curve, calibrated = self._curve(cls, precision)
+        bwd_curve, _ = self._measured_backward(op, cls, precision)
         if bwd_curve is not None:
-            eff = self._efficiency(bwd_curve, True, f"attention_bwd:{precision}", flops, peak)
+            eff = self._efficiency(bwd_curve, True, op.kind, f"{cls}_bwd:{precision}", flops, peak)
         elif op.kind == "attention" and op.phase != "fwd":
             # No backward curve of the device's own. A table with a forward curve keeps it, times the same
             # paper's backward/forward ratio; a device with no attention data at all takes the default table's
             # backward curve (derived from measured backward kernels), like any other uncalibrated class.
-            default_bwd = None if calibrated else self._curve("attention_bwd", precision)[0]
+            default_bwd = None if calibrated else self._curve(f"{cls}_bwd", precision)[0]
             if default_bwd is not None:
-                eff = self._efficiency(default_bwd, False, f"attention_bwd:{precision}", flops, peak)
+                eff = self._efficiency(default_bwd, False, op.kind, f"{cls}_bwd:{precision}", flops, peak)
             else:
-                eff = self._efficiency(curve, False, f"attention.bwd:{precision}", flops, peak) * ATTENTION_BWD_RATIO
+                ratio_label = f"{cls}.bwd:{precision}"
+                eff = self._efficiency(curve, False, op.kind, ratio_label, flops, peak) * ATTENTION_BWD_RATIO
         else:
-            eff = self._efficiency(curve, calibrated, f"{op.kind}:{precision}", flops, peak)
+            eff = self._efficiency(curve, calibrated, op.kind, f"{cls}:{precision}", flops, peak)
         return max(flops / (peak * eff), op.bytes / hbm)
 
     def _measured_backward(self, op: Op, cls: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
@@ -164,11 +176,13 @@ class ComputeModel:
         return curve, curve is not None
 
     def _efficiency(
-        self, curve: EfficiencyCurve | None, calibrated: bool, label: str, size: float, peak: float
+        self, curve: EfficiencyCurve | None, calibrated: bool, kind: str, label: str, size: float, peak: float
     ) -> float:
+        """Efficiency of ``curve`` at ``size``; ``label`` is reported when uncalibrated, ``kind`` (gemm, attention,
+        memory) picks the flat fallback when there is no curve at all."""
         if curve is None:
             self.uncalibrated.add(label)
-            return FALLBACK_EFFICIENCY[label.split(":", maxsplit=1)[0]]
+            return FALLBACK_EFFICIENCY[kind]
         if not calibrated:
             self.uncalibrated.add(label)
         return max(curve.at(size, peak), 1e-4)

@@ -58,6 +58,9 @@ class Op:
         Whether sequence parallelism splits this op's tokens over the TP group (norms, dropout, residuals).
     causal_skip : bool
         Whether the kernel skips fully masked blocks (FlashAttention does, halving causal FLOPs).
+    kernel : str
+        Attention core only: the fused kernel that runs it (the plan's ``attention`` knob, ``flash`` or
+        ``flash2``), which selects its calibration curve; empty for other ops.
     """
 
     name: str
@@ -82,6 +85,7 @@ class Op:
     tp_axis: str = ""
     sp_tokens: bool = False
     bwd_factor: float = 1.0  # attention: backward FLOPs relative to forward (hardware count)
+    kernel: str = ""
 
     # -- derived quantities ---------------------------------------------------------------------------
     @property
@@ -136,6 +140,7 @@ class Op:
             self.head_dim,
             self.causal and self.causal_skip,
             self.bwd_factor if self.kind == "attention" else 1.0,
+            self.kernel,
             self.read_bytes,
             self.write_bytes,
         )

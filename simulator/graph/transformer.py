@@ -37,10 +37,11 @@ import networkx as nx
 
 from simulator.graph.ops import Op
 from simulator.specs.model import ModelSpec
+from simulator.specs.plan import ATTENTION
 
 __all__ = ["ATTENTION_KERNELS", "OPTIMIZER_BYTES_PER_PARAM", "Block", "ModelGraph", "build_graph"]
 
-ATTENTION_KERNELS = ("flash", "unfused")
+ATTENTION_KERNELS = ATTENTION  # fused kernels (flash, flash2) build the same ops; unfused builds GEMMs and softmax
 E = 2  # bytes per 16-bit activation element
 OPTIMIZER_BYTES_PER_PARAM = 38.0  # see module docstring: 16 read + 12 + 2 written + 8 for norm and zeroing
 FA_BWD_FACTOR = 2.5  # FlashAttention-2 backward/forward FLOPs (Dao 2023, Sec. 3.2: 5 vs 2 matmuls)
@@ -268,7 +269,7 @@ def _attention(model: ModelSpec, b: int, s: int, kernel: str) -> tuple[list[Op],
     a, kv, d = model.heads, model.kv_heads, model.head_dim
     fwd: list[Op] = []
     bwd: list[Op] = []
-    if kernel == "flash":
+    if kernel != "unfused":
         qkv_bytes = float(E * tokens * (a + 2 * kv) * d)
         lse = float(4 * b * a * s)  # fp32 log-sum-exp per query row and head
         common: dict[str, Any] = {
@@ -284,6 +285,7 @@ def _attention(model: ModelSpec, b: int, s: int, kernel: str) -> tuple[list[Op],
             "tok_axis": "seq_q",
             "tp_axis": "heads",
             "bwd_factor": FA_BWD_FACTOR,
+            "kernel": kernel,
         }
         fwd.append(Op(name="attn.core", act_bytes=qkv_bytes + lse, **common))
         bwd.append(Op(name="attn.core.bwd", phase="bwd", **common))

@@ -23,10 +23,12 @@ from simulator.specs._fields import Fields
 from simulator.units import GB
 
 __all__ = [
+    "ATTENTION_CLASSES",
     "AXES",
     "BACKWARD_CLASSES",
     "COLLECTIVES",
     "COMPUTE_OPS",
+    "FA2_ROW_PREFIX",
     "MEMORY_CLASSES",
     "SCOPES",
     "BandwidthCurve",
@@ -39,11 +41,21 @@ __all__ = [
 # a normalisation or an embedding gather far lower), so they get their own classes; ``memory`` is the
 # generic curve used for anything else and as the fallback.
 MEMORY_CLASSES = ("memory", "norm", "elementwise", "activation", "rope", "embedding")
+# Attention curves per fused kernel (the plan's ``attention`` knob): ``attention`` is the device's own fused
+# kernel, the fastest one measured on it (FlashAttention-3 on H100, FlashAttention-2 on A100);
+# ``attention_fa2`` is FlashAttention-2 wherever it runs, which on Hopper cannot use the wgmma and TMA
+# instructions and reaches 31-37% of peak against FlashAttention-3's 47-65% (Shah et al. 2024,
+# arXiv:2407.08608, Sec. 4.1, head dim 128). Measurement rows of FlashAttention-2 name their op ``flash2_...``.
+ATTENTION_CLASSES = {"flash": "attention", "flash2": "attention_fa2"}
+FA2_ROW_PREFIX = "flash2_"
 # ``<class>_bwd`` curves describe backward passes where they were measured on their own (our profiler times
 # scaled_dot_product_attention's and each memory-bound kernel's backward); without them the cost model
 # uses the forward curve (for attention with the published backward/forward ratio).
-BACKWARD_CLASSES = ("attention_bwd", *(f"{c}_bwd" for c in MEMORY_CLASSES))
-COMPUTE_OPS = ("gemm", "attention", *MEMORY_CLASSES, *BACKWARD_CLASSES)
+BACKWARD_CLASSES = (
+    *(f"{c}_bwd" for c in ATTENTION_CLASSES.values()),
+    *(f"{c}_bwd" for c in MEMORY_CLASSES),
+)
+COMPUTE_OPS = ("gemm", *ATTENTION_CLASSES.values(), *MEMORY_CLASSES, *BACKWARD_CLASSES)
 AXES = ("size", "ideal_seconds")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 SCOPES = ("domain", "network")

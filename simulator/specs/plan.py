@@ -9,8 +9,10 @@ and ``dp`` is derived from the GPU count; ``sequence_parallel`` is on whenever t
 recommend it); ``tp_overlap`` (TE userbuffers overlap of TP collectives with GEMMs) is off; ``grad_dtype`` (the
 dtype gradients are accumulated and reduced in) follows Megatron-LM: fp32 when training in bf16 or fp8
 (``accumulate_allreduce_grads_in_fp32``), fp16 when training in fp16; ``schedule`` is
-1F1B, interleaved when vp > 1; ``precision`` is bf16; ``attention`` is ``flash`` (a fused FlashAttention-style
-kernel; ``unfused`` is the explicit-softmax path Megatron-LM used before FlashAttention, Dao et al. 2022).
+1F1B, interleaved when vp > 1; ``precision`` is bf16; ``attention`` is ``flash`` (the device's own fused
+FlashAttention-style kernel, the fastest measured on it: FlashAttention-3 on Hopper, FlashAttention-2 on Ampere);
+``flash2`` pins FlashAttention-2 (what a stack without FlashAttention-3 or cuDNN attention runs on Hopper);
+``unfused`` is the explicit-softmax path Megatron-LM used before FlashAttention (Dao et al. 2022).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.specs._fields import MISSING, Fields
+from simulator.specs.calibration import ATTENTION_CLASSES
 
 __all__ = [
     "ATTENTION",
@@ -36,7 +39,7 @@ __all__ = [
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp8")
-ATTENTION = ("flash", "unfused")
+ATTENTION = (*ATTENTION_CLASSES, "unfused")  # the fused kernels with a calibration class, then unfused
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
 FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap")
 

@@ -74,6 +74,66 @@ def test_own_profiles_get_backward_curves_and_public_ones_do_not() -> None:
     assert compute_class(Measurement(kind="attention", op="aten::flash_backward", time_s=1.0)) == "attention_bwd"
 
 
+def attention_rows(op: str, eff: float, precision: str = "bf16", source: str = "paper") -> list[Measurement]:
+    """Attention kernels at a constant efficiency over 512..4k tokens (B·S = 16k, 16 heads of 128)."""
+    out = []
+    for s in (512, 1024, 2048, 4096):
+        flops = 4.0 * (16384 // s) * 16 * s * s * 128 * (2.5 if "bwd" in op else 1.0)
+        time_s = flops / (DEV.peak("bf16") * eff)
+        out.append(Measurement(kind="attention", op=op, precision=precision, flops=flops, time_s=time_s, source=source))
+    return out
+
+
+def _curve_at(table: CalibrationTable, op: str, precision: str = "bf16") -> tuple[float, str]:
+    curve = table.compute_curve(op, precision)
+    assert curve is not None, op
+    return curve.efficiency[0], curve.source
+
+
+def test_flash2_rows_fit_their_own_curves_beside_the_devices_fastest_kernel() -> None:
+    """H100: FlashAttention-3 rows give ``attention``, FlashAttention-2 rows (``flash2_...``) ``attention_fa2``."""
+    rows = (
+        attention_rows("flash_attention_fwd", 0.6, source="fa3")
+        + attention_rows("flash2_attention_fwd", 0.35, source="fa2")
+        + attention_rows("flash2_attention_bwd", 0.3, source="fa2")
+    )
+    assert [compute_class(rows[i]) for i in (0, 4, 8)] == ["attention", "attention_fa2", "attention_fa2_bwd"]
+    table = fit_table(rows, DEV, name="t", min_bin_rows=1)
+    assert {c.op for c in table.compute} == {"attention", "attention_fa2", "attention_fa2_bwd"}
+    assert _curve_at(table, "attention") == (pytest.approx(0.6), "fa3")
+    assert _curve_at(table, "attention_fa2") == (pytest.approx(0.35), "fa2")
+    assert _curve_at(table, "attention_fa2_bwd") == (pytest.approx(0.3), "fa2")
+
+
+def test_a_device_measured_only_with_flash2_takes_it_as_its_own_kernel() -> None:
+    """A100: FlashAttention-2 is the Ampere kernel, so its rows give both ``attention`` and ``attention_fa2``,
+    credited to them; a device with its own kernel measured at either 16-bit precision keeps that one."""
+    fa2 = attention_rows("flash2_attention_fwd", 0.5, precision="fp16", source="fa2")
+    table = fit_table(fa2, DEV, name="a100", min_bin_rows=1)
+    assert {c.op for c in table.compute} == {"attention", "attention_fa2"}
+    assert _curve_at(table, "attention", "fp16") == _curve_at(table, "attention_fa2", "fp16") == (0.5, "fa2")
+    both = fit_table(fa2 + attention_rows("flash_attention_fwd", 0.6, source="own"), DEV, name="b", min_bin_rows=1)
+    assert _curve_at(both, "attention", "fp16") == (pytest.approx(0.6), "own")  # bf16 stands in for fp16
+
+
+def test_compute_model_times_each_attention_kernel_on_its_own_curve() -> None:
+    rows = attention_rows("flash_attention_fwd", 0.6) + attention_rows("flash2_attention_fwd", 0.35)
+    rows += attention_rows("flash2_attention_bwd", 0.3)
+    cm = ComputeModel(DEV, fit_table(rows, DEV, name="t", min_bin_rows=1), None, "bf16")
+    shape = {"kind": "attention", "batch": 8, "heads": 16, "kv_heads": 16, "seq_q": 2048, "seq_kv": 2048,
+             "head_dim": 128, "bwd_factor": 2.5}  # fmt: skip
+    for kernel, fwd_eff, bwd_eff, labels in (
+        ("flash", 0.6, 0.6 * 63 / 73, {"attention.bwd:bf16"}),  # no backward rows: the FA2 paper's ratio
+        ("flash2", 0.35, 0.3, set()),  # measured backward
+    ):
+        cm.uncalibrated.clear()
+        fwd = Op(name="attn.core", kernel=kernel, **shape)
+        bwd = Op(name="attn.core.bwd", phase="bwd", kernel=kernel, **shape)
+        assert cm.time(fwd) == pytest.approx(fwd.flops / (DEV.peak("bf16") * fwd_eff), rel=1e-3)
+        assert cm.time(bwd) == pytest.approx(bwd.flops / (DEV.peak("bf16") * bwd_eff), rel=1e-3)
+        assert cm.uncalibrated == labels
+
+
 def test_compute_model_uses_a_measured_backward_curve() -> None:
     rows = memory_rows("layernorm", 0.5) + memory_rows("layernorm_bwd", 0.25)
     table = fit_table(rows, DEV, name="own", min_bin_rows=1, generic_memory="unclassified")

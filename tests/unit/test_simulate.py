@@ -222,3 +222,41 @@ def test_measured_h100_attention_backward_is_slower_than_the_a100_ratio_predicte
     measured = bwd.flops / model.time(bwd)
     ratio_based = fwd.flops / model.time(fwd) * ATTENTION_BWD_RATIO
     assert measured < ratio_based
+
+
+def test_flash2_pins_flashattention2_where_it_was_measured() -> None:
+    """``attention: flash2`` times the attention core on FlashAttention-2's measured curves: on A100 that is the
+    device's own kernel (same step), on H100 the FlashAttention-3 paper's FA2 kernels (slower, calibrated), on
+    a device without attention data the default curves, reported as uncalibrated."""
+    from dataclasses import replace
+
+    model = load_model("llama2-7b")
+    plan = PlanSpec(tp=8, global_batch=2, micro_batch=1, recompute="none", grad_overlap=True)
+
+    def step(cluster: str, kernel: str) -> tuple[float, set[str]]:
+        r = simulate(model, load_cluster(cluster), replace(plan, attention=kernel))
+        assert r.feasible, r.reason
+        return r.step_time_s, {x for x in r.uncalibrated_ops if x.startswith("attention")}
+
+    (a100_own, own_labels), (a100_fa2, fa2_labels) = step("dgx-a100-80g", "flash"), step("dgx-a100-80g", "flash2")
+    assert a100_fa2 == a100_own
+    assert (own_labels, fa2_labels) == ({"attention.bwd:bf16"}, {"attention_fa2.bwd:bf16"})  # the paper's ratio
+    (h100_fa3, _), (h100_fa2, labels) = step("dgx-h100", "flash"), step("dgx-h100", "flash2")
+    assert h100_fa2 > h100_fa3
+    assert labels == set()
+    assert step("hgx-h200", "flash2")[1] == {"attention_fa2:bf16", "attention_fa2_bwd:bf16"}
+
+
+def test_flashattention3_is_faster_than_flashattention2_on_h100_by_the_published_factor() -> None:
+    """Shah et al. 2024 (arXiv:2407.08608, abstract): FlashAttention-3 is 1.5-2.0x faster than FlashAttention-2 on
+    H100; the two measured curves reproduce that at the Llama 2 7B layer's attention core, forward and backward."""
+    from simulator.cost.compute import ComputeModel
+    from simulator.graph.transformer import build_graph
+    from simulator.run import _default_table
+
+    cluster = load_cluster("dgx-h100")
+    cm = ComputeModel(cluster.device, cluster.calibration, _default_table(), "bf16")
+    blocks = {k: build_graph(load_model("llama2-7b"), 4096, 1, k).block("layer.dense") for k in ("flash", "flash2")}
+    for phase in ("attn.core", "attn.core.bwd"):
+        fa3, fa2 = (next(op for op in b.forward + b.backward if op.name == phase) for b in blocks.values())
+        assert 1.5 <= cm.time(fa2) / cm.time(fa3) <= 2.0, phase

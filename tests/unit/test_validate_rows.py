@@ -158,6 +158,19 @@ def test_rows_and_summary_say_which_ops_ran_uncalibrated() -> None:
     assert report.rows_frame()["uncalibrated"].tolist()[1] == "gemm:fp8"
 
 
+def test_llm_foundry_rows_run_flashattention2_which_changes_h100_rows_only() -> None:
+    """llm-foundry's 2023 benchmarks predate FlashAttention-3 and cuDNN attention in PyTorch: FlashAttention-2,
+    which on A100 is the device's own fused kernel and on H100 is slower than FlashAttention-3."""
+    stacks = load_stacks(STACKS)
+    source = "S17: mosaicml/llm-foundry scripts/train/benchmarking/README.md"
+    rows = [_row(run_id="h100", source=source), _row(run_id="a100", source=source, cluster="dgx-a100-80g")]
+    pinned = validate_frame(pd.DataFrame(rows), "t.csv", stacks=stacks).rows
+    plain = validate_frame(pd.DataFrame(rows), "t.csv", stacks=()).rows
+    assert [r["stack"] for r in pinned] == ["llm-foundry / Composer FSDP, 2023"] * 2
+    assert pinned[0]["predicted_step_time_s"] > plain[0]["predicted_step_time_s"]
+    assert pinned[1]["predicted_step_time_s"] == plain[1]["predicted_step_time_s"]
+
+
 def test_tied_embedding_all_reduce_of_a_single_node_pipeline_stays_on_nvlink() -> None:
     # pp 4 over dp 2 on one DGX: the first and last stages are ranks 0 and 6 (and 1 and 7), all in one node.
     row = _row(run_id="pp4", cluster="dgx-a100-80g", tp=1, pp=4, dp=2, global_batch=8, precision="fp16")

@@ -117,7 +117,7 @@ class ComputeModel:
         if cached is None:
             outer, self.uncalibrated = self.uncalibrated, set()
             try:
-                seconds = self._time(op, precision)
+                seconds = self._time(op, precision, cls)
             finally:
                 labels, self.uncalibrated = frozenset(self.uncalibrated), outer
             cached = (seconds, labels)
@@ -126,13 +126,13 @@ class ComputeModel:
             self.uncalibrated.update(cached[1])
         return cached[0]
 
-    def _time(self, op: Op, precision: str) -> float:
+    def _time(self, op: Op, precision: str, cls: str) -> float:
+        """Seconds for ``op`` at ``precision`` on the curves of its calibration class ``cls`` (:meth:`op_class`)."""
         hbm = self.device.hbm_bandwidth_bytes_per_s
         if op.kind == "memory":
             size = op.bytes
             if size <= 0:
                 return 0.0
-            cls = self.memory_class(op)
             curve, calibrated = self._measured_backward(op, cls, precision)
             if curve is None:
                 curve, calibrated = self._curve(cls, precision)
@@ -144,7 +144,6 @@ class ComputeModel:
         if flops <= 0:
             return 0.0
         peak = self.device.peak(precision)
-        cls = self.op_class(op)
         curve, calibrated = self._curve(cls, precision)
         bwd_curve, _ = self._measured_backward(op, cls, precision)
         if bwd_curve is not None:

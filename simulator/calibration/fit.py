@@ -47,6 +47,7 @@ from simulator.specs.calibration import (
     ATTENTION_CLASSES,
     COMPUTE_OPS,
     FA2_ROW_PREFIX,
+    STANDS_IN,
     BandwidthCurve,
     CalibrationTable,
     EfficiencyCurve,
@@ -98,8 +99,8 @@ def _default_kernel_from_fa2(
     """
     fa2, own = ATTENTION_CLASSES["flash2"], ATTENTION_CLASSES["flash"]
 
-    def family(precision: str) -> str:  # FP16 and BF16 curves stand in for each other (compute_curve)
-        return "16-bit" if precision in ("fp16", "bf16") else precision
+    def family(precision: str) -> str:  # one name for precisions whose curves stand in for each other
+        return min(precision, STANDS_IN.get(precision, precision))
 
     measured_own = {family(p) for c, p in compute if c in (own, own + "_bwd")}
     derived: dict[tuple[str, str], str] = {}

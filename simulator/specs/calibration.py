@@ -31,6 +31,7 @@ __all__ = [
     "FA2_ROW_PREFIX",
     "MEMORY_CLASSES",
     "SCOPES",
+    "STANDS_IN",
     "BandwidthCurve",
     "CalibrationTable",
     "EfficiencyCurve",
@@ -56,6 +57,9 @@ BACKWARD_CLASSES = (
     *(f"{c}_bwd" for c in MEMORY_CLASSES),
 )
 COMPUTE_OPS = ("gemm", *ATTENTION_CLASSES.values(), *MEMORY_CLASSES, *BACKWARD_CLASSES)
+# A curve measured at one 16-bit precision times ops of the other: FP16 and BF16 tensor-core GEMMs and attention
+# run at the same peak on every device we profile (datasheets: A100 312, H100 989 dense TFLOP/s for both).
+STANDS_IN = {"bf16": "fp16", "fp16": "bf16"}
 AXES = ("size", "ideal_seconds")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 SCOPES = ("domain", "network")
@@ -190,7 +194,7 @@ class CalibrationTable:
 
     def compute_curve(self, op: str, precision: str) -> EfficiencyCurve | None:
         """The curve for ``op`` at ``precision`` (FP16 and BF16 stand in for each other), or None."""
-        fallback = {"bf16": "fp16", "fp16": "bf16"}.get(precision)
+        fallback = STANDS_IN.get(precision)
         found = None
         for curve in self.compute:
             if curve.op != op:

@@ -54,7 +54,8 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grad-dtype", help="gradient accumulate/reduce dtype fp32, bf16 or fp16 (default: Megatron's)")
     g.add_argument(
         "--attention",
-        help="flash (the device's fastest fused kernel, default), flash2 (FlashAttention-2) or unfused (softmax)",
+        help="flash (the device's fastest fused kernel, default), flash2 (FlashAttention-2), cudnn (cuDNN fused "
+        "attention) or unfused (softmax)",
     )
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)

@@ -45,8 +45,9 @@ from simulator.cost.communication import bus_factor
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import (
     ATTENTION_CLASSES,
+    ATTENTION_ROW_PREFIXES,
+    CAUSAL,
     COMPUTE_OPS,
-    FA2_ROW_PREFIX,
     STANDS_IN,
     BandwidthCurve,
     CalibrationTable,
@@ -71,20 +72,21 @@ GENERIC_MEMORY = ("all", "unclassified")
 
 
 def compute_class(row: Measurement) -> str:
-    """The curve a compute row belongs to: ``gemm``, an attention class (``attention``, or ``attention_fa2`` for
-    FlashAttention-2 rows, named ``flash2_...``), its ``_bwd`` variant, or a memory class.
+    """The curve a compute row belongs to: ``gemm``, an attention class (``attention``; ``attention_fa2`` for
+    FlashAttention-2 rows, named ``flash2_...``; ``attention_cudnn`` for cuDNN rows, ``cudnn_...``; each with
+    ``_causal`` when the op names a causal mask), its ``_bwd`` variant, or a memory class.
 
     >>> compute_class(Measurement(kind="attention", op="attention_bwd", time_s=1.0))
     'attention_bwd'
-    >>> compute_class(Measurement(kind="attention", op="flash2_attention_fwd", time_s=1.0))
-    'attention_fa2'
+    >>> compute_class(Measurement(kind="attention", op="flash2_attention_causal_fwd", time_s=1.0))
+    'attention_fa2_causal'
     """
     backward = "_bwd" in row.op or "backward" in row.op
     if row.kind == "memory":
         return memory_class(row.op) + ("_bwd" if backward else "")
     if row.kind == "attention":
-        cls = ATTENTION_CLASSES["flash2"] if row.op.startswith(FA2_ROW_PREFIX) else ATTENTION_CLASSES["flash"]
-        return cls + ("_bwd" if backward else "")
+        cls = next((c for p, c in ATTENTION_ROW_PREFIXES.items() if row.op.startswith(p)), ATTENTION_CLASSES["flash"])
+        return cls + (CAUSAL if "causal" in row.op else "") + ("_bwd" if backward else "")
     return row.kind
 
 
@@ -95,19 +97,21 @@ def _default_kernel_from_fa2(
 
     ``attention`` is the device's own fused kernel, the fastest measured on it; where no other kernel was
     measured at a precision (A100: FlashAttention-2 is the Ampere kernel, Dao 2023), that is FlashAttention-2.
+    Every FlashAttention-2 curve (with and without a causal mask, forward and backward) gives its counterpart.
     Returns the curves it added, each with the class of the rows it was fitted from.
     """
     fa2, own = ATTENTION_CLASSES["flash2"], ATTENTION_CLASSES["flash"]
+    own_family = {own + mask + phase for mask in ("", CAUSAL) for phase in ("", "_bwd")}
 
     def family(precision: str) -> str:  # one name for precisions whose curves stand in for each other
         return min(precision, STANDS_IN.get(precision, precision))
 
-    measured_own = {family(p) for c, p in compute if c in (own, own + "_bwd")}
+    measured_own = {family(p) for c, p in compute if c in own_family}
     derived: dict[tuple[str, str], str] = {}
     for (cls, precision), points in list(compute.items()):
         if family(precision) in measured_own:
             continue
-        if cls in (fa2, fa2 + "_bwd"):
+        if cls.startswith(fa2) and own + cls.removeprefix(fa2) in own_family:
             key = (own + cls.removeprefix(fa2), precision)
             compute[key] = list(points)
             derived[key] = cls

@@ -7,7 +7,8 @@ What is timed (each distinct shape once; :mod:`.torchlib` for how):
   ``x·Wᵀ``, the activation gradient ``dy·W`` and the weight gradient ``dyᵀ·x``;
 * with ``fp8``, those GEMMs that FP8 training runs in FP8 once more as FP8 GEMMs (``torch._scaled_mm``, E4M3
   operands with per-tensor scales, the layout Transformer Engine issues), and an FP8 peak probe;
-* the attention core, forward and backward (``scaled_dot_product_attention``, causal);
+* the attention core, forward and backward (``scaled_dot_product_attention``, causal: rows
+  ``attention_causal_fwd`` and ``_bwd``, which fit the ``attention_causal`` curves);
 * LayerNorm, GELU, the residual add, the embedding lookup, cross-entropy (forward and backward each) and
   the Adam step over the model's parameters;
 * two device probes: a large GEMM (peak throughput) and copies of several sizes (memory bandwidth);
@@ -163,7 +164,7 @@ def model_shapes(
 
     >>> m = ModelSpec(name="t", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=32)
     >>> sorted({s.op for s in model_shapes(m)})[:4]
-    ['adam', 'attention_bwd', 'attention_fwd', 'cross_entropy']
+    ['adam', 'attention_causal_bwd', 'attention_causal_fwd', 'cross_entropy']
     """
     s = seq_len or model.seq_len
     seen: dict[str, Shape] = {}
@@ -190,7 +191,7 @@ def model_shapes(
                     elif op.kind == "attention":
                         shape = Shape(
                             kind="attention",
-                            op="attention_fwd" if op.phase == "fwd" else "attention_bwd",
+                            op="attention_causal_fwd" if op.phase == "fwd" else "attention_causal_bwd",
                             m=op.seq_q,
                             n=op.seq_kv,
                             k=op.head_dim,
@@ -351,7 +352,7 @@ def _benchmark(shape: Shape, dev: Any) -> Callable[[], Any]:
         # Q, K and V as the model makes them: strided views of the fused QKV projection's output.
         qkv = rand(b, m, 3, shape.heads, k, grad=True)
         q, kk, v = qkv.permute(2, 0, 3, 1, 4)
-        if op == "attention_fwd":
+        if op == "attention_causal_fwd":
             return lambda: nnf.scaled_dot_product_attention(q, kk, v, is_causal=True)
         out = nnf.scaled_dot_product_attention(q, kk, v, is_causal=True)
         gout = torch.randn_like(out)

@@ -106,7 +106,7 @@ def summarize_errors(residuals: dict[str, list[float]]) -> dict[str, dict[str, f
     kernels: list[float] = []
     for key, signed in residuals.items():
         errs = sorted(abs(e) for e in signed)
-        if ":" not in key or key.split(":")[0] in ("gemm", "attention", "attention_bwd"):
+        if ":" not in key or key.split(":")[0] == "gemm" or key.startswith("attention"):
             kernels += errs
         out[key] = _stats(errs)
     if kernels:

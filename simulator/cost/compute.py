@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.graph.ops import Op
-from simulator.specs.calibration import ATTENTION_CLASSES, CalibrationTable, EfficiencyCurve
+from simulator.specs.calibration import ATTENTION_CLASSES, CAUSAL, CalibrationTable, EfficiencyCurve
 from simulator.specs.hardware import DeviceSpec
 
 __all__ = ["FALLBACK_EFFICIENCY", "ComputeModel"]
@@ -59,17 +59,35 @@ class ComputeModel:
 
     def _curve(self, op_class: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
         """(curve, calibrated?) for an op class at a precision."""
+        curve, calibrated, _ = self._lookup(self._candidates(op_class), precision)
+        return curve, calibrated
+
+    @staticmethod
+    def _candidates(op_class: str) -> tuple[str, ...]:
+        """The classes that may time ops of ``op_class``, best first: a causal attention class, then the same
+        kernel without a mask (specs.calibration.CAUSAL)."""
+        if op_class.endswith(CAUSAL):
+            return op_class, op_class.removesuffix(CAUSAL)
+        return (op_class,)
+
+    def _lookup(
+        self, classes: tuple[str, ...], precision: str, suffix: str = ""
+    ) -> tuple[EfficiencyCurve | None, bool, str]:
+        """(curve, calibrated?, class it was found under) for the first of ``classes`` (each + ``suffix``) that the
+        device's table has, else the first the default table has."""
         if self.table is not None:
-            curve = self.table.compute_curve(op_class, precision)
-            if curve is not None:
-                return curve, True
+            for cls in classes:
+                curve = self.table.compute_curve(cls + suffix, precision)
+                if curve is not None:
+                    return curve, True, cls + suffix
         if self.default is not None:
-            curve = self.default.compute_curve(op_class, precision)
-            if curve is None:
-                curve = self.default.compute_curve(op_class, "any")
-            if curve is not None:
-                return curve, False
-        return None, False
+            for cls in classes:
+                curve = self.default.compute_curve(cls + suffix, precision) or self.default.compute_curve(
+                    cls + suffix, "any"
+                )
+                if curve is not None:
+                    return curve, False, cls + suffix
+        return None, False, classes[0] + suffix
 
     @staticmethod
     def memory_class(op: Op) -> str:
@@ -94,11 +112,14 @@ class ComputeModel:
     @staticmethod
     def op_class(op: Op) -> str:
         """The calibration class that times ``op``: its memory class, ``gemm``, or its attention kernel's curve
-        (``attention`` for the device's own fused kernel, ``attention_fa2`` for FlashAttention-2)."""
+        (``attention`` for the device's own fused kernel, ``attention_fa2`` for FlashAttention-2,
+        ``attention_cudnn`` for cuDNN; with ``_causal`` when the kernel skips the masked blocks of a causal
+        mask, timed on the unmasked curve where no causal one was measured)."""
         if op.kind == "memory":
             return ComputeModel.memory_class(op)
         if op.kind == "attention":
-            return ATTENTION_CLASSES.get(op.kernel, "attention")
+            kernel = ATTENTION_CLASSES.get(op.kernel, "attention")
+            return kernel + CAUSAL if op.causal and op.causal_skip else kernel
         return op.kind
 
     def op_precision(self, op: Op) -> str:
@@ -144,22 +165,23 @@ class ComputeModel:
         if flops <= 0:
             return 0.0
         peak = self.device.peak(precision)
-        curve, calibrated = self._curve(cls, precision)
+        classes = self._candidates(cls)
+        curve, calibrated, found = self._lookup(classes, precision)
         bwd_curve, _ = self._measured_backward(op, cls, precision)
         if bwd_curve is not None:
-            eff = self._efficiency(bwd_curve, True, op.kind, f"{cls}_bwd:{precision}", flops, peak)
+            eff = self._efficiency(bwd_curve, True, op.kind, f"{found}_bwd:{precision}", flops, peak)
         elif op.kind == "attention" and op.phase != "fwd":
             # No backward curve of the device's own. A table with a forward curve keeps it, times the same
             # paper's backward/forward ratio; a device with no attention data at all takes the default table's
             # backward curve (derived from measured backward kernels), like any other uncalibrated class.
-            default_bwd = None if calibrated else self._curve(f"{cls}_bwd", precision)[0]
+            default_bwd, _, found_bwd = (None, False, "") if calibrated else self._lookup(classes, precision, "_bwd")
             if default_bwd is not None:
-                eff = self._efficiency(default_bwd, False, op.kind, f"{cls}_bwd:{precision}", flops, peak)
+                eff = self._efficiency(default_bwd, False, op.kind, f"{found_bwd}:{precision}", flops, peak)
             else:
-                ratio_label = f"{cls}.bwd:{precision}"
+                ratio_label = f"{found}.bwd:{precision}"
                 eff = self._efficiency(curve, False, op.kind, ratio_label, flops, peak) * ATTENTION_BWD_RATIO
         else:
-            eff = self._efficiency(curve, calibrated, op.kind, f"{cls}:{precision}", flops, peak)
+            eff = self._efficiency(curve, calibrated, op.kind, f"{found}:{precision}", flops, peak)
         return max(flops / (peak * eff), op.bytes / hbm)
 
     def _measured_backward(self, op: Op, cls: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
@@ -167,12 +189,16 @@ class ComputeModel:
 
         A backward kernel measured on the device beats deriving it from the forward curve: on CPUs and GPUs
         alike the backward of a norm, an activation or attention reaches a different efficiency at the
-        same size than its forward.
+        same size than its forward. A causal attention op takes its kernel's unmasked backward curve where
+        no causal one was measured.
         """
         if op.phase not in ("bwd", "bwd_input", "bwd_weight") or self.table is None or op.kind == "gemm":
             return None, False
-        curve = self.table.compute_curve(f"{cls}_bwd", precision)
-        return curve, curve is not None
+        for candidate in self._candidates(cls):
+            curve = self.table.compute_curve(f"{candidate}_bwd", precision)
+            if curve is not None:
+                return curve, True
+        return None, False
 
     def _efficiency(
         self, curve: EfficiencyCurve | None, calibrated: bool, kind: str, label: str, size: float, peak: float

@@ -59,8 +59,8 @@ class Op:
     causal_skip : bool
         Whether the kernel skips fully masked blocks (FlashAttention does, halving causal FLOPs).
     kernel : str
-        Attention core only: the fused kernel that runs it (the plan's ``attention`` knob, ``flash`` or
-        ``flash2``), which selects its calibration curve; empty for other ops.
+        Attention core only: the fused kernel that runs it (the plan's ``attention`` knob: ``flash``, ``flash2``
+        or ``cudnn``), which selects its calibration curve; empty for other ops.
     """
 
     name: str

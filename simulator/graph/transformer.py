@@ -41,7 +41,8 @@ from simulator.specs.plan import ATTENTION
 
 __all__ = ["ATTENTION_KERNELS", "OPTIMIZER_BYTES_PER_PARAM", "Block", "ModelGraph", "build_graph"]
 
-ATTENTION_KERNELS = ATTENTION  # fused kernels (flash, flash2) build the same ops; unfused builds GEMMs and softmax
+# Fused kernels (flash, flash2, cudnn) build the same ops; unfused builds GEMMs and softmax.
+ATTENTION_KERNELS = ATTENTION
 E = 2  # bytes per 16-bit activation element
 OPTIMIZER_BYTES_PER_PARAM = 38.0  # see module docstring: 16 read + 12 + 2 written + 8 for norm and zeroing
 FA_BWD_FACTOR = 2.5  # FlashAttention-2 backward/forward FLOPs (Dao 2023, Sec. 3.2: 5 vs 2 matmuls)

@@ -374,12 +374,21 @@ def _emit_compute(b: _Builder, op: Op, layout: Layout, graph: ModelGraph) -> Non
                 b.compute(cast)
         b.compute(op)
         return
-    piece = op.with_(seq_q=max(1, op.seq_q // cp))  # each ring step: local queries × one KV block
+    # Each ring step: the local queries against one rank's KV block. With a causal mask and load balancing
+    # (each rank holds chunks i and 2·cp−1−i of the sequence; Megatron-LM / Transformer Engine), the first step
+    # is the local block under the mask and every later one an unmasked half block (all local queries against
+    # the earlier chunk of the arriving KV, or the later query chunk against all of it): the same executed
+    # FLOPs as cp masked strips, timed on the kernel's curve with and without a mask.
+    local = op.seq_q
+    if op.causal and op.causal_skip:
+        pieces = [op.with_(seq_kv=local)] + [op.with_(seq_kv=max(1, local // 2), causal=False)] * (cp - 1)
+    else:
+        pieces = [op.with_(seq_kv=local)] * cp
     kv_bytes = float(ACT_BYTES * 2 * _tokens(layout) * max(1, graph.model.kv_heads // layout.tp.size))
     kv_bytes *= graph.model.head_dim
     if op.phase != "fwd":
         kv_bytes *= 2  # KV and its gradient travel together in backward
-    for i in range(cp):
+    for i, piece in enumerate(pieces):
         if i < cp - 1:
             b.comm(Comm(f"{op.name}.ring_{i}", "send_recv", layout.cp, kv_bytes, "cp"), join=2)
         b.compute(piece)

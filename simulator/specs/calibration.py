@@ -24,11 +24,13 @@ from simulator.units import GB
 
 __all__ = [
     "ATTENTION_CLASSES",
+    "ATTENTION_CURVES",
+    "ATTENTION_ROW_PREFIXES",
     "AXES",
     "BACKWARD_CLASSES",
+    "CAUSAL",
     "COLLECTIVES",
     "COMPUTE_OPS",
-    "FA2_ROW_PREFIX",
     "MEMORY_CLASSES",
     "SCOPES",
     "STANDS_IN",
@@ -46,17 +48,27 @@ MEMORY_CLASSES = ("memory", "norm", "elementwise", "activation", "rope", "embedd
 # kernel, the fastest one measured on it (FlashAttention-3 on H100, FlashAttention-2 on A100);
 # ``attention_fa2`` is FlashAttention-2 wherever it runs, which on Hopper cannot use the wgmma and TMA
 # instructions and reaches 31-37% of peak against FlashAttention-3's 47-65% (Shah et al. 2024,
-# arXiv:2407.08608, Sec. 4.1, head dim 128). Measurement rows of FlashAttention-2 name their op ``flash2_...``.
-ATTENTION_CLASSES = {"flash": "attention", "flash2": "attention_fa2"}
-FA2_ROW_PREFIX = "flash2_"
+# arXiv:2407.08608, Sec. 4.1, head dim 128); ``attention_cudnn`` is cuDNN's fused attention (what Transformer
+# Engine prefers on Hopper), measured in the same figures at 58-62% of peak forward (no mask, 1k-16k tokens).
+# Measurement rows of FlashAttention-2 name their op ``flash2_...``, those of cuDNN ``cudnn_...``.
+ATTENTION_CLASSES = {"flash": "attention", "flash2": "attention_fa2", "cudnn": "attention_cudnn"}
+ATTENTION_ROW_PREFIXES = {"flash2_": "attention_fa2", "cudnn_": "attention_cudnn"}
+# A causal mask is a curve of its own where it was measured (``<class>_causal``, from rows whose op names
+# ``causal``): the kernel skips the masked blocks, so it executes half the FLOPs, but it still computes the
+# diagonal blocks whole and its thread blocks get unequal work, so it reaches a lower fraction of peak than the
+# same kernel without a mask at equal FLOPs (FlashAttention-3 on H100: 5-18% lower from 16k down to 1k tokens,
+# Shah et al. 2024 Sec. 4.1, the same figures).
+# Where no causal curve was measured, a causal op is timed on the kernel's curve without a mask.
+CAUSAL = "_causal"
+ATTENTION_CURVES = tuple(c + mask for c in ATTENTION_CLASSES.values() for mask in ("", CAUSAL))
 # ``<class>_bwd`` curves describe backward passes where they were measured on their own (our profiler times
 # scaled_dot_product_attention's and each memory-bound kernel's backward); without them the cost model
 # uses the forward curve (for attention with the published backward/forward ratio).
 BACKWARD_CLASSES = (
-    *(f"{c}_bwd" for c in ATTENTION_CLASSES.values()),
+    *(f"{c}_bwd" for c in ATTENTION_CURVES),
     *(f"{c}_bwd" for c in MEMORY_CLASSES),
 )
-COMPUTE_OPS = ("gemm", *ATTENTION_CLASSES.values(), *MEMORY_CLASSES, *BACKWARD_CLASSES)
+COMPUTE_OPS = ("gemm", *ATTENTION_CURVES, *MEMORY_CLASSES, *BACKWARD_CLASSES)
 # A curve measured at one 16-bit precision times ops of the other: FP16 and BF16 tensor-core GEMMs and attention
 # run at the same peak on every device we profile (datasheets: A100 312, H100 989 dense TFLOP/s for both).
 STANDS_IN = {"bf16": "fp16", "fp16": "bf16"}

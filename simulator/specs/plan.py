@@ -12,6 +12,7 @@ dtype gradients are accumulated and reduced in) follows Megatron-LM: fp32 when t
 1F1B, interleaved when vp > 1; ``precision`` is bf16; ``attention`` is ``flash`` (the device's own fused
 FlashAttention-style kernel, the fastest measured on it: FlashAttention-3 on Hopper, FlashAttention-2 on Ampere);
 ``flash2`` pins FlashAttention-2 (what a stack without FlashAttention-3 or cuDNN attention runs on Hopper);
+``cudnn`` pins cuDNN's fused attention (what Transformer Engine prefers on Hopper);
 ``unfused`` is the explicit-softmax path Megatron-LM used before FlashAttention (Dao et al. 2022).
 """
 

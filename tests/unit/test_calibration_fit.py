@@ -78,7 +78,7 @@ def attention_rows(op: str, eff: float, precision: str = "bf16", source: str = "
     """Attention kernels at a constant efficiency over 512..4k tokens (B·S = 16k, 16 heads of 128)."""
     out = []
     for s in (512, 1024, 2048, 4096):
-        flops = 4.0 * (16384 // s) * 16 * s * s * 128 * (2.5 if "bwd" in op else 1.0)
+        flops = 4.0 * (16384 // s) * 16 * s * s * 128 * (2.5 if "bwd" in op else 1.0) * (0.5 if "causal" in op else 1.0)
         time_s = flops / (DEV.peak("bf16") * eff)
         out.append(Measurement(kind="attention", op=op, precision=precision, flops=flops, time_s=time_s, source=source))
     return out
@@ -202,3 +202,55 @@ def test_fit_files_reports_residuals(tmp_path: Path) -> None:
     summary = summarize_errors(result.residuals)
     assert summary["all kernels"]["median_abs_error"] < 0.1
     assert all(math.isfinite(v["p90_abs_error"]) for v in summary.values())
+
+
+def test_cudnn_and_causal_rows_fit_curves_of_their_own() -> None:
+    """cuDNN rows (``cudnn_...``) give ``attention_cudnn``; rows whose op names a causal mask give the kernel's
+    ``_causal`` curve, forward and backward, beside its unmasked one."""
+    rows = (
+        attention_rows("flash_attention_fwd", 0.6, source="fa3")
+        + attention_rows("flash_attention_causal_fwd", 0.55, source="fa3")
+        + attention_rows("cudnn_attention_fwd", 0.58, source="cudnn")
+        + attention_rows("cudnn_attention_causal_fwd", 0.5, source="cudnn")
+        + attention_rows("cudnn_attention_bwd", 0.48, source="cudnn")
+        + attention_rows("attention_causal_bwd", 0.45, source="own")
+    )
+    assert [compute_class(rows[i]) for i in range(0, 24, 4)] == [
+        "attention",
+        "attention_causal",
+        "attention_cudnn",
+        "attention_cudnn_causal",
+        "attention_cudnn_bwd",
+        "attention_causal_bwd",
+    ]
+    table = fit_table(rows, DEV, name="t", min_bin_rows=1)
+    assert _curve_at(table, "attention_causal") == (pytest.approx(0.55), "fa3")
+    assert _curve_at(table, "attention_cudnn_causal") == (pytest.approx(0.5), "cudnn")
+    assert _curve_at(table, "attention_causal_bwd") == (pytest.approx(0.45), "own")
+
+
+def test_a_device_measured_only_with_flash2_takes_its_causal_curve_too() -> None:
+    rows = attention_rows("flash2_attention_fwd", 0.5) + attention_rows("flash2_attention_causal_fwd", 0.4)
+    table = fit_table(rows, DEV, name="a100", min_bin_rows=1)
+    assert {c.op for c in table.compute} == {"attention", "attention_causal", "attention_fa2", "attention_fa2_causal"}
+    assert _curve_at(table, "attention_causal") == _curve_at(table, "attention_fa2_causal") == (0.4, "paper")
+
+
+def test_a_causal_op_takes_the_causal_curve_where_measured_and_the_unmasked_one_otherwise() -> None:
+    """The causal curve times causal ops of its kernel, calibrated; a kernel measured only without a mask times
+    them on that curve, still calibrated (same kernel), and its measured backward serves both."""
+    rows = attention_rows("flash_attention_fwd", 0.6) + attention_rows("flash_attention_causal_fwd", 0.5)
+    rows += attention_rows("cudnn_attention_fwd", 0.55) + attention_rows("cudnn_attention_bwd", 0.45)
+    cm = ComputeModel(DEV, fit_table(rows, DEV, name="t", min_bin_rows=1), None, "bf16")
+    shape = {"kind": "attention", "batch": 8, "heads": 16, "kv_heads": 16, "seq_q": 2048, "seq_kv": 2048,
+             "head_dim": 128, "bwd_factor": 2.5}  # fmt: skip
+    peak = DEV.peak("bf16")
+    for kernel, causal, eff in (("flash", False, 0.6), ("flash", True, 0.5), ("cudnn", True, 0.55)):
+        op = Op(name="attn.core", kernel=kernel, causal=causal, **shape)
+        assert ComputeModel.op_class(op).endswith("_causal") == causal
+        assert cm.time(op) == pytest.approx(op.flops / (peak * eff), rel=1e-3)
+    bwd = Op(name="attn.core.bwd", phase="bwd", kernel="cudnn", causal=True, **shape)
+    assert cm.time(bwd) == pytest.approx(bwd.flops / (peak * 0.45), rel=1e-3)
+    assert cm.uncalibrated == set()
+    unskipped = Op(name="attn.core", kernel="flash", causal=True, causal_skip=False, **shape)
+    assert ComputeModel.op_class(unskipped) == "attention"  # a kernel computing the masked blocks runs unmasked

@@ -20,7 +20,7 @@ TINY = ModelSpec(name="t", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=2
 def test_shapes_cover_the_graph_with_its_flops() -> None:
     shapes = model_shapes(TINY, micro_batches=(1, 2))
     ops = {s.op for s in shapes}
-    assert {"gemm.fwd", "gemm.dgrad", "gemm.wgrad", "attention_fwd", "attention_bwd", "adam"} <= ops
+    assert {"gemm.fwd", "gemm.dgrad", "gemm.wgrad", "attention_causal_fwd", "attention_causal_bwd", "adam"} <= ops
     assert {"layernorm", "layernorm_bwd", "gelu_bwd", "cross_entropy_bwd", "embedding_bwd"} <= ops
     graph = build_graph(TINY, 32, 1)
     gemm_flops = {op.flops for b in graph.blocks for op in b.forward + b.backward if op.kind == "gemm"}
@@ -68,7 +68,7 @@ def test_kill_and_out_of_memory_keep_rows_and_report_missing(tmp_path: Path, mon
 @pytest.mark.torch
 def test_tiny_profile_rows_have_provenance(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    shapes = [s for s in model_shapes(TINY) if s.op in ("gemm.fwd", "layernorm", "attention_bwd", "adam")]
+    shapes = [s for s in model_shapes(TINY) if s.op in ("gemm.fwd", "layernorm", "attention_causal_bwd", "adam")]
     report = run_profile([*shapes, *probe_shapes("cpu")[:2]], tmp_path, warmup=1, repeats=2)
     assert report.missing == ()
     rows = read_rows([tmp_path])

@@ -127,6 +127,19 @@ def test_context_parallel_halves_the_attention_work_per_rank() -> None:
     assert m2 == m1 // 2
 
 
+def test_causal_context_parallel_runs_one_masked_block_then_unmasked_half_blocks() -> None:
+    """Load-balanced causal CP (Megatron-LM / Transformer Engine): the first ring step is the local block under
+    the causal mask, each later one an unmasked half block; together cp masked strips' worth of FLOPs."""
+    layout = resolve_layout(DENSE, CLUSTER, _plan(cp=4, seq_len=1024))
+    fwd = build_programs(build_graph(DENSE, 1024, 1), layout, (("layer.dense", 1),))[0]
+    steps = [s.work for s in fwd if not isinstance(s.work, Comm) and s.work.kind == "attention"]
+    local = 1024 // 4
+    masked, unmasked = (local, local, True), (local, local // 2, False)
+    assert [(op.seq_q, op.seq_kv, op.causal) for op in steps] == [masked] + [unmasked] * 3
+    whole = next(op for op in build_graph(DENSE, 1024, 1).block("layer.dense").forward if op.kind == "attention")
+    assert sum(op.flops for op in steps) == pytest.approx(whole.flops / 4)
+
+
 def test_expert_parallel_adds_all_to_all() -> None:
     """Issue 3 (EP): ep=2 adds a dispatch and a combine all-to-all per MoE layer, forward and backward."""
     assert _collectives(MOE, _plan(dp=2), "ep") == Counter()

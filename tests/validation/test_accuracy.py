@@ -28,9 +28,10 @@ ISSUE_TARGET = {
 # What the model reaches today (analysis/ACCURACY.md), plus about half a point of margin. vTrain's median went
 # from 14.9% to 15.2% (and its Spearman from 0.833 to 0.867) when the tied-embedding all-reduce of single-node
 # pipelines stopped being timed over the network (layout.place's offsets): a correction, not a regression.
-# Published p90 went from 23.0% to 21.0% when llm-foundry's 2023 runs took FlashAttention-2's measured H100 curve.
+# Published p90 went from 23.0% to 21.0% when llm-foundry's 2023 runs took FlashAttention-2's measured H100 curve,
+# and to 20.8% with cuDNN attention for NeMo and measured causal-mask attention curves.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.095, "p90_abs_error": 0.215},
+    "published_runs.csv": {"median_abs_error": 0.095, "p90_abs_error": 0.213},
     "vtrain_single_node.csv": {"median_abs_error": 0.155, "p90_abs_error": 0.375},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)

@@ -60,6 +60,13 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument(
+        "--grad-accum-fusion",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="weight-gradient GEMMs accumulate into the gradient buffer (Megatron's default since 2022); "
+        "--no-grad-accum-fusion adds one gradient add per micro-batch, as 2021 Megatron-LM and DeepSpeed did",
+    )
     g.add_argument("--plan", type=Path, help="plan YAML file; options given on the command line override it")
     g.add_argument(
         "--set",
@@ -89,6 +96,7 @@ _PLAN_KEYS = (
     "sequence_parallel",
     "grad_overlap",
     "tp_overlap",
+    "grad_accum_fusion",
 )
 
 

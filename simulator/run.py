@@ -107,6 +107,7 @@ class StepResult:
                 "zero_stage": plan.zero_stage,
                 "grad_overlap": plan.grad_overlap,
                 "tp_overlap": plan.tp_overlap,
+                "grad_accum_fusion": plan.grad_accum_fusion,
                 "precision": plan.precision,
                 "grad_dtype": plan.grad_dtype,
                 "attention": plan.attention,

@@ -297,7 +297,7 @@ def row_plan(row: pd.Series, where: str) -> PlanSpec:
         value = _int(row, col, where)
         if value is not None:
             data[col] = value
-    for col in ("sequence_parallel", "grad_overlap"):
+    for col in ("sequence_parallel", "grad_overlap", "grad_accum_fusion"):
         value_b = _bool(row, col, where)
         if value_b is not None:
             data[col] = value_b

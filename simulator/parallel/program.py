@@ -267,6 +267,10 @@ def _build_cached(
         if name.startswith("layer."):
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
+        if not layout.plan.grad_accum_fusion and not zero3:
+            accumulate = _grad_accumulate(f_ops, layout, name)
+            if accumulate is not None:
+                (wgt if split_w else bwd).compute(accumulate)
         if zero3:
             (wgt if split_w else bwd).comm(_grad_scatter(f_ops, layout, name), stream="dp", join=0)
     return fwd.finish(), bwd.finish(), wgt.finish()
@@ -281,6 +285,22 @@ def _grad_scatter(f_ops: list[Op], layout: Layout, name: str) -> Comm:
     params = sum(op.params for op in f_ops)
     size = float(layout.plan.grad_bytes * params)
     return Comm(f"{name}.grad_reduce_scatter", "reduce_scatter", layout.dp, size, "dp")
+
+
+def _grad_accumulate(f_ops: list[Op], layout: Layout, name: str) -> Op | None:
+    """The separate gradient-accumulation kernel of a block without gradient-accumulation fusion: the fresh
+    16-bit gradient of each local parameter is added into the buffer in ``grad_dtype`` (PlanSpec docstring)."""
+    params = sum(op.params for op in f_ops)
+    if params <= 0:
+        return None
+    acc = layout.plan.grad_bytes
+    return Op(
+        name=f"{name}.grad_accumulate",
+        kind="memory",
+        phase="bwd",
+        read_bytes=float(params * (2 + acc)),
+        write_bytes=float(params * acc),
+    )
 
 
 def _tokens(layout: Layout) -> int:

@@ -14,6 +14,11 @@ FlashAttention-style kernel, the fastest measured on it: FlashAttention-3 on Hop
 ``flash2`` pins FlashAttention-2 (what a stack without FlashAttention-3 or cuDNN attention runs on Hopper);
 ``cudnn`` pins cuDNN's fused attention (what Transformer Engine prefers on Hopper);
 ``unfused`` is the explicit-softmax path Megatron-LM used before FlashAttention (Dao et al. 2022).
+``grad_accum_fusion`` is on: the weight-gradient GEMMs accumulate straight into the gradient buffer across
+micro-batches (Megatron-LM ``--gradient-accumulation-fusion``, the default since 2022, and Megatron-Core's
+``grad_added_to_main_grad``); off, every micro-batch's backward adds each parameter's fresh 16-bit gradient
+into the buffer in a separate kernel (Megatron-LM's 2021 ``param_hook``: ``main_grad.add_(grad)``; PyTorch
+autograd's own accumulation behaves alike), reading the gradient and the buffer and writing the buffer.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ _KNOB_READERS: dict[str, Any] = {
     "zero_stage": lambda f, key, default: f.integer(key, default, minimum=0, maximum=3),
     "grad_overlap": lambda f, key, default: f.boolean(key, default),
     "tp_overlap": lambda f, key, default: f.boolean(key, default),
+    "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
     "grad_dtype": lambda f, key, default: f.choice(key, GRAD_DTYPES, default),
     "attention": lambda f, key, default: f.choice(key, ATTENTION, default),
 }
@@ -92,6 +98,7 @@ class PlanSpec:
     zero_stage: int = 0
     grad_overlap: bool | None = None
     tp_overlap: bool | None = None
+    grad_accum_fusion: bool = True
     precision: str = "bf16"
     grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
@@ -171,6 +178,7 @@ class PlanSpec:
             "zero_stage": read_knob(g, "zero_stage", 0),
             "grad_overlap": read_knob(g, "grad_overlap", None),
             "tp_overlap": read_knob(g, "tp_overlap", None),
+            "grad_accum_fusion": read_knob(g, "grad_accum_fusion", True),
             "precision": g.choice("precision", PRECISIONS, "bf16"),
             "grad_dtype": read_knob(g, "grad_dtype", None),
             "attention": read_knob(g, "attention", "flash"),

@@ -140,6 +140,29 @@ def test_causal_context_parallel_runs_one_masked_block_then_unmasked_half_blocks
     assert sum(op.flops for op in steps) == pytest.approx(whole.flops / 4)
 
 
+def _accumulations(plan: PlanSpec) -> list[object]:
+    layout = resolve_layout(DENSE, CLUSTER, plan)
+    bwd = build_programs(build_graph(DENSE, 1024, 1), layout, (("layer.dense", 2),))[1]
+    return [s.work for s in bwd if not isinstance(s.work, Comm) and s.work.name.endswith(".grad_accumulate")]
+
+
+def test_unfused_gradient_accumulation_adds_one_add_per_layer_and_micro_batch() -> None:
+    """Without gradient-accumulation fusion (2021 Megatron-LM, DeepSpeed) each layer's backward ends with an
+    elementwise add of its fresh 16-bit gradients into the fp32 buffer: 2 + 4 bytes read, 4 written per
+    parameter; fused (the default) and under ZeRO-3 (gradients reduce-scattered away) there is none."""
+    assert _accumulations(_plan()) == []
+    adds = _accumulations(_plan(grad_accum_fusion=False))
+    layer = build_graph(DENSE, 1024, 1).block("layer.dense")
+    params = sum(op.params for op in layer.forward)
+    assert len(adds) == 2
+    assert [(op.read_bytes, op.write_bytes) for op in adds] == [(6.0 * params, 4.0 * params)] * 2
+    half = _accumulations(_plan(grad_accum_fusion=False, tp=2, precision="fp16"))[0]  # fp16 buffer, tp shards
+    assert (half.read_bytes, half.write_bytes) == pytest.approx((4.0 * params / 2, 2.0 * params / 2), rel=1e-3)
+    assert _accumulations(_plan(grad_accum_fusion=False, dp=2, zero_stage=3, global_batch=16)) == []
+    slow = simulate(DENSE, CLUSTER, _plan(grad_accum_fusion=False)).step_time_s
+    assert slow > simulate(DENSE, CLUSTER, _plan()).step_time_s
+
+
 def test_expert_parallel_adds_all_to_all() -> None:
     """Issue 3 (EP): ep=2 adds a dispatch and a combine all-to-all per MoE layer, forward and backward."""
     assert _collectives(MOE, _plan(dp=2), "ep") == Counter()

@@ -132,7 +132,14 @@ def test_a_model_entry_and_its_source_entry_both_apply() -> None:
     """SC21's per-model launch settings come from one entry, its unfused attention from the source's entry."""
     stacks = load_stacks(STACKS)
     base = _sc21_row()
-    stated = {**base, "micro_batch": 4, "vp": 1, "grad_overlap": False, "attention": "unfused"}
+    stated = {
+        **base,
+        "micro_batch": 4,
+        "vp": 1,
+        "grad_overlap": False,
+        "attention": "unfused",
+        "grad_accum_fusion": False,
+    }
     with_stacks = validate_frame(pd.DataFrame([base]), "t.csv", stacks=stacks).rows[0]
     by_hand = validate_frame(pd.DataFrame([stated]), "t.csv", stacks=()).rows[0]
     assert with_stacks["feasible"], with_stacks["reason"]

@@ -29,9 +29,10 @@ ISSUE_TARGET = {
 # from 14.9% to 15.2% (and its Spearman from 0.833 to 0.867) when the tied-embedding all-reduce of single-node
 # pipelines stopped being timed over the network (layout.place's offsets): a correction, not a regression.
 # Published p90 went from 23.0% to 21.0% when llm-foundry's 2023 runs took FlashAttention-2's measured H100 curve,
-# and to 20.8% with cuDNN attention for NeMo and measured causal-mask attention curves.
+# and to 20.8% with cuDNN attention for NeMo and measured causal-mask attention curves; the median from 8.9% to
+# 8.7% when the 2021 and DeepSpeed stacks paid their unfused gradient accumulation.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.095, "p90_abs_error": 0.213},
+    "published_runs.csv": {"median_abs_error": 0.092, "p90_abs_error": 0.213},
     "vtrain_single_node.csv": {"median_abs_error": 0.155, "p90_abs_error": 0.375},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)

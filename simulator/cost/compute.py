@@ -194,11 +194,8 @@ class ComputeModel:
         """
         if op.phase not in ("bwd", "bwd_input", "bwd_weight") or self.table is None or op.kind == "gemm":
             return None, False
-        for candidate in self._candidates(cls):
-            curve = self.table.compute_curve(f"{candidate}_bwd", precision)
-            if curve is not None:
-                return curve, True
-        return None, False
+        curve, calibrated, _ = self._lookup(self._candidates(cls), precision, "_bwd")
+        return (curve, True) if calibrated else (None, False)
 
     def _efficiency(
         self, curve: EfficiencyCurve | None, calibrated: bool, kind: str, label: str, size: float, peak: float

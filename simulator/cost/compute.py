@@ -1,7 +1,12 @@
 """Compute cost: how long one operator takes on one device.
 
-``time = max(FLOPs / (peak · efficiency), bytes / HBM bandwidth)`` for GEMMs and attention, and
-``bytes / (HBM bandwidth · efficiency)`` for memory-bound kernels (Design: Physics, Compute time).
+``time = max(FLOPs / (peak · efficiency), bytes / (HBM bandwidth · streaming efficiency))`` for GEMMs and
+attention, and ``bytes / (HBM bandwidth · efficiency)`` for memory-bound kernels (Design: Physics, Compute
+time). The memory roof of a GEMM is the bandwidth a streaming kernel actually sustains at that many bytes (the
+device's measured ``elementwise`` curve), not the datasheet peak: that is how the roofline model defines it
+(Williams, Waterman and Patterson, "Roofline", CACM 2009: the memory ceiling is measured STREAM bandwidth). It
+binds for GEMMs of low arithmetic intensity, such as the batched score and context products of unfused
+attention, whose output is s² per head against a head dimension of 64-128.
 Efficiency comes from the cluster's calibration table (measured kernels, interpolated in log-space of the
 problem size); where the table has no curve for an op class and precision, the built-in *default* table is
 used (curves derived from the measured devices, expressed against the op's ideal time at peak so that they
@@ -182,7 +187,23 @@ class ComputeModel:
                 eff = self._efficiency(curve, False, op.kind, ratio_label, flops, peak) * ATTENTION_BWD_RATIO
         else:
             eff = self._efficiency(curve, calibrated, op.kind, f"{found}:{precision}", flops, peak)
-        return max(flops / (peak * eff), op.bytes / hbm)
+        return max(flops / (peak * eff), self._memory_roof(op.bytes, precision, flops / (peak * eff)))
+
+    def _memory_roof(self, size: float, precision: str, compute_s: float) -> float:
+        """Seconds to move ``size`` bytes at the bandwidth a streaming kernel sustains (module docstring).
+
+        The streaming curve's label is reported as uncalibrated only when the memory roof binds. Only the curve's
+        decline past its best size counts (L2 cache, then DRAM, as transfers grow); a small op's launch latency
+        is in its own measured curve already, so below that size the roof is the datasheet bandwidth."""
+        if size <= 0:
+            return 0.0
+        hbm = self.device.hbm_bandwidth_bytes_per_s
+        curve, calibrated = self._curve("elementwise", precision)
+        eff = _sustained(curve, size, hbm) if curve is not None else FALLBACK_EFFICIENCY["memory"]
+        seconds = size / (hbm * eff)
+        if seconds > compute_s and not calibrated:
+            self.uncalibrated.add("elementwise")
+        return seconds
 
     def _measured_backward(self, op: Op, cls: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
         """The table's own backward curve for a backward op (``<class>_bwd``, measured by our profiler), if any.
@@ -208,3 +229,15 @@ class ComputeModel:
         if not calibrated:
             self.uncalibrated.add(label)
         return max(curve.at(size, peak), 1e-4)
+
+
+def _sustained(curve: EfficiencyCurve, size: float, bandwidth: float) -> float:
+    """A streaming curve's efficiency at ``size`` bytes, or at its best size where ``size`` is smaller.
+
+    >>> c = EfficiencyCurve(op="elementwise", precision="any", log10_size=(4.0, 7.0, 9.0), efficiency=(0.1, 1.0, 0.8))
+    >>> _sustained(c, 1e3, 1.0), _sustained(c, 1e9, 1.0)
+    (1.0, 0.8)
+    """
+    best = max(range(len(curve.efficiency)), key=curve.efficiency.__getitem__)
+    at_best = 10.0 ** curve.log10_size[best] * (bandwidth if curve.axis == "ideal_seconds" else 1.0)
+    return min(max(curve.at(max(size, at_best), bandwidth), 1e-4), 1.0)

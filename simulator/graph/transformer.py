@@ -21,10 +21,14 @@ Modelling choices, with sources:
   Megatron/Apex kernels (LayerNorm, bias-GeLU, bias-dropout-add, RoPE) behave.
   Megatron's causal softmax kernel of the unfused path reads only the unmasked scores (CAUSAL_SOFTMAX_MAX_SEQ);
   its cross-entropy is a chain of unfused fp32 kernels (CE_FWD_READ and the following constants).
-* The optimizer is mixed-precision Adam as Megatron runs it: per parameter it reads the fp32 main gradient,
-  master weight, momentum and variance (16 B), writes the last three (12 B) and the 16-bit weight copy
-  (2 B), and touches the gradient twice more for the global norm and the zeroing (8 B): 38 B/parameter
-  (apex/Megatron FusedAdam ``multi_tensor_adam`` plus ``clip_grad_norm`` and ``zero_grad``).
+* The optimizer is mixed-precision Adam as Megatron-LM runs it (``MixedPrecisionOptimizer.step`` in
+  megatron/core/optimizer/optimizer.py, apex ``multi_tensor_adam``), per parameter: the fused Adam reads the
+  fp32 main gradient, master weight, momentum and variance (16 B) and writes the last three (12 B); the global
+  norm reads the main gradient (4 B); ``_copy_main_params_to_model_params`` reads the fp32 master weight and
+  writes the 16-bit weight (4 + 2 B); ``zero_grad_buffer`` writes the gradient buffer (4 B in fp32): 42 B
+  (:func:`optimizer_bytes`). Gradients kept in 16 bits are first copied to fp32 main gradients
+  (``_copy_model_grads_to_main_grads``, ``.float()``), and fp16 loss scaling unscales them in place and checks
+  for inf/nan (``_unscale_main_grads_and_check_for_nan``, 4 + 4 B): 54 B for fp16 with fp16 gradients.
 """
 
 from __future__ import annotations
@@ -39,12 +43,38 @@ from simulator.graph.ops import Op
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import ATTENTION
 
-__all__ = ["ATTENTION_KERNELS", "OPTIMIZER_BYTES_PER_PARAM", "Block", "ModelGraph", "build_graph"]
+__all__ = ["ATTENTION_KERNELS", "OPTIMIZER_BYTES_PER_PARAM", "Block", "ModelGraph", "build_graph", "optimizer_bytes"]
 
 # Fused kernels (flash, flash2, cudnn) build the same ops; unfused builds GEMMs and softmax.
 ATTENTION_KERNELS = ATTENTION
 E = 2  # bytes per 16-bit activation element
-OPTIMIZER_BYTES_PER_PARAM = 38.0  # see module docstring: 16 read + 12 + 2 written + 8 for norm and zeroing
+# Mixed-precision Adam, bytes per parameter (module docstring; Megatron-LM MixedPrecisionOptimizer.step):
+ADAM_READ, ADAM_WRITE = 16.0, 12.0  # fused Adam: reads main grad, master, exp_avg, exp_avg_sq; writes the last 3
+GRAD_NORM_READ = 4.0  # clip_grad_norm: multi_tensor_l2norm over the fp32 main gradients
+COPY_BACK_READ, COPY_BACK_WRITE = 4.0, 2.0  # _copy_main_params_to_model_params: fp32 master -> 16-bit weight
+FP16_UNSCALE_READ, FP16_UNSCALE_WRITE = 4.0, 4.0  # fp16 only: unscale the main gradients in place, inf/nan check
+
+
+def optimizer_bytes(precision: str, grad_bytes: int) -> tuple[float, float, float]:
+    """Bytes one optimizer step moves per parameter: (read, written) on the optimizer's shard of the parameters,
+    and written per *local* parameter to zero the gradient buffer (which is not sharded below ZeRO-2).
+
+    >>> optimizer_bytes("bf16", 4), optimizer_bytes("fp16", 2)
+    ((24.0, 14.0, 4.0), (30.0, 22.0, 2.0))
+    """
+    read = ADAM_READ + GRAD_NORM_READ + COPY_BACK_READ
+    write = ADAM_WRITE + COPY_BACK_WRITE
+    if grad_bytes < 4:  # 16-bit gradient buffer: copied to fp32 main gradients first (.float())
+        read += grad_bytes
+        write += 4.0
+    if precision == "fp16":  # dynamic loss scaling
+        read += FP16_UNSCALE_READ
+        write += FP16_UNSCALE_WRITE
+    return read, write, float(grad_bytes)
+
+
+# The reference: bf16 (or fp8) training with fp32 gradients, Megatron-LM's default.
+OPTIMIZER_BYTES_PER_PARAM = sum(optimizer_bytes("bf16", 4))
 FA_BWD_FACTOR = 2.5  # FlashAttention-2 backward/forward FLOPs (Dao 2023, Sec. 3.2: 5 vs 2 matmuls)
 # Megatron-LM's vocab-parallel cross-entropy, bytes moved per logit (source: _VocabParallelCrossEntropy in
 # megatron/mpu/cross_entropy.py, later megatron/core/tensor_parallel/cross_entropy.py, called on
@@ -553,12 +583,13 @@ def build_graph(model: ModelSpec, seq_len: int, micro_batch: int, attention: str
     head_f, head_b = _head(model, b, s)
     blocks.append(Block("head", 1, tuple(head_f), tuple(head_b)))
     params = sum(blk.params * blk.count for blk in blocks)
+    read, write, zero = optimizer_bytes("bf16", 4)  # the reference; run.py sizes it for the plan and the rank
     optimizer = Op(
         name="optimizer.adam",
         kind="memory",
         phase="opt",
-        read_bytes=24.0 * params,
-        write_bytes=(OPTIMIZER_BYTES_PER_PARAM - 24.0) * params,
+        read_bytes=read * params,
+        write_bytes=(write + zero) * params,
     )
     return ModelGraph(
         model=model,

@@ -105,9 +105,16 @@ class ComputeModel:
 
     @staticmethod
     def memory_class(op: Op) -> str:
-        """The calibration class of a memory-bound operator of the graph (see specs.calibration.MEMORY_CLASSES)."""
+        """The calibration class of a memory-bound operator of the graph (see specs.calibration.MEMORY_CLASSES).
+
+        The softmax of unfused attention is timed as a ``norm``: like LayerNorm it reduces each row (max and sum
+        of exponentials) and rescales it, one read and one write per element, and its backward is a row
+        reduction too (dx = y·(dy − Σ dy·y)); Megatron's fused softmax and Apex's fused LayerNorm are both
+        warp-per-row kernels (megatron/fused_kernels/scaled_upper_triang_masked_softmax.h,
+        apex/csrc/layer_norm_cuda_kernel.cu).
+        """
         name = op.name
-        if name.startswith(("ln", "final_norm")):
+        if name.startswith(("ln", "final_norm")) or ".softmax" in name:
             return "norm"
         if "rope" in name:
             return "rope"

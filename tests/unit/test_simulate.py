@@ -315,3 +315,14 @@ def test_fp8_gemm_without_fp8_measurement_runs_at_the_devices_16bit_efficiency_t
     peaks = cluster.device.peak("fp8") / cluster.device.peak("bf16")  # 2 on Hopper datasheets
     assert bf16.time(up) / fp8.time(up) == pytest.approx(peaks * FP8_OVER_16BIT_EFFICIENCY, rel=1e-9)
     assert "gemm:fp8" in fp8.uncalibrated
+
+
+def test_unfused_softmax_is_timed_as_a_row_reduction_like_layernorm() -> None:
+    """Softmax forward and backward reduce each row and rescale it, as LayerNorm does: both take the measured
+    ``norm`` curve, not the median of all memory-bound kernels."""
+    from simulator.cost.compute import ComputeModel
+    from simulator.graph.transformer import build_graph
+
+    block = build_graph(load_model("gpt3-175b"), 2048, 1, "unfused").block("layer.dense")
+    classes = {op.name: ComputeModel.memory_class(op) for op in block.forward + block.backward if op.kind == "memory"}
+    assert classes["attn.softmax"] == classes["attn.softmax.bwd"] == classes["ln1"] == "norm"

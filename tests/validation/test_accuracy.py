@@ -30,10 +30,12 @@ ISSUE_TARGET = {
 # pipelines stopped being timed over the network (layout.place's offsets): a correction, not a regression.
 # Published p90 went from 23.0% to 21.0% when llm-foundry's 2023 runs took FlashAttention-2's measured H100 curve,
 # and to 20.8% with cuDNN attention for NeMo and measured causal-mask attention curves; the median from 8.9% to
-# 8.7% when the 2021 and DeepSpeed stacks paid their unfused gradient accumulation.
+# 8.7% when the 2021 and DeepSpeed stacks paid their unfused gradient accumulation; to 7.1% (p90 20.5%, vTrain
+# 14.8%) with the streaming memory roof, Megatron's optimizer traffic, the Hopper FP8/BF16 GEMM ratio and the
+# softmax timed as a row reduction.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.092, "p90_abs_error": 0.213},
-    "vtrain_single_node.csv": {"median_abs_error": 0.155, "p90_abs_error": 0.375},
+    "published_runs.csv": {"median_abs_error": 0.075, "p90_abs_error": 0.21},
+    "vtrain_single_node.csv": {"median_abs_error": 0.152, "p90_abs_error": 0.367},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)
 

@@ -217,11 +217,18 @@ def probe_shapes(dev_type: str, *, fp8: bool = False) -> list[Shape]:
     be large enough to reach it. On a CPU that is 1024: a 2-core host's MKL GEMMs run at 71 GFLOP/s at 512 and 103
     at 1024 (fp32, measured here), while on a host without bf16 instructions (AVX2 only) a bf16 GEMM takes the
     emulated path at about 1 GFLOP/s, where 2048³ took about a minute per run and the test profile 20 minutes.
+    A CPU has no FP8 arithmetic at all: ``torch._scaled_mm`` runs a reference path at about 0.06 GFLOP/s whatever
+    the size (a 64×256×64 GEMM and 1024³ alike, measured on a 2-core Xeon), where 1024³ took 33 s per run, so the
+    CPU's FP8 probe is 256³.
     """
     n = 8192 if dev_type == "cuda" else 1024
+    n8 = 8192 if dev_type == "cuda" else 256
     copies = (2**20, 2**24, 2**28, 2**30) if dev_type == "cuda" else (2**18, 2**22, 2**26)
     peak = Shape(kind="gemm", op="probe.peak_gemm", m=n, n=n, k=n, flops=2.0 * n**3, bytes=6.0 * n * n)
-    return [peak, *([replace(peak, precision="fp8", bytes=3.0 * n * n)] if fp8 else [])] + [
+    peak8 = Shape(
+        kind="gemm", op="probe.peak_gemm", precision="fp8", m=n8, n=n8, k=n8, flops=2.0 * n8**3, bytes=3.0 * n8 * n8
+    )
+    return [peak, *([peak8] if fp8 else [])] + [
         Shape(kind="memory", op="probe.copy", m=size // 2, n=1, bytes=2.0 * size) for size in copies
     ]
 

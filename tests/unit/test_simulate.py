@@ -315,6 +315,12 @@ def test_fp8_gemm_without_fp8_measurement_runs_at_the_devices_16bit_efficiency_t
     peaks = cluster.device.peak("fp8") / cluster.device.peak("bf16")  # 2 on Hopper datasheets
     assert bf16.time(up) / fp8.time(up) == pytest.approx(peaks * FP8_OVER_16BIT_EFFICIENCY, rel=1e-9)
     assert "gemm:fp8" in fp8.uncalibrated
+    # A device with no table of its own (B200) takes the same ratio on the default 16-bit curve.
+    b200 = load_cluster("dgx-b200")
+    assert b200.calibration is None
+    fp8, bf16 = (ComputeModel(b200.device, None, _default_table(), p) for p in ("fp8", "bf16"))
+    peaks = b200.device.peak("fp8") / b200.device.peak("bf16")
+    assert bf16.time(up) / fp8.time(up) == pytest.approx(peaks * FP8_OVER_16BIT_EFFICIENCY, rel=1e-6)
 
 
 def test_unfused_softmax_is_timed_as_a_row_reduction_like_layernorm() -> None:

@@ -35,15 +35,15 @@ FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.5}
 # take the default table's backward curve derived from them (ComputeModel._time).
 ATTENTION_BWD_RATIO = 63.0 / 73.0
 # Where a device has no FP8 GEMM measurement, an FP8 GEMM runs at the 16-bit efficiency of the same shape (the
-# device's own measured curve, else the default one) times this ratio (relative to the FP8 peak, twice the 16-bit
-# one on Hopper and Blackwell). Source: Transformer
-# Engine's GEMM profiling tutorial (NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst,
-# "Worked Example: 5B Model on H200"): the twelve GEMMs of a hidden-4096, MLP-16384 layer at 15,872 tokens take
-# 31.968 ms in BF16 and 16.785 ms as pre-quantized per-tensor FP8 (current scaling) on an H200 NVL, a 1.905x
-# speed-up where the peaks differ 2x: 1.905 / 2. Hopper FP8 and BF16 GEMMs share cuBLASLt and the SM90 tensor
-# cores, so the ratio transfers between Hopper parts; absolute times do not (that H200 NVL runs at 600 W). The same
-# tutorial's Blackwell run (B300, per-tensor FP8 pre-quantized: 13.102 against 6.812 ms, 1.923x) gives 0.96. Small,
-# latency-bound GEMMs get no FP8 gain beyond that of a 16-bit GEMM of the same ideal time (ComputeModel._time).
+# device's own measured curve, else the default one) times this ratio, relative to the FP8 peak (twice the 16-bit
+# one on Hopper and Blackwell). Source: Transformer Engine's GEMM profiling tutorial (NVIDIA/TransformerEngine
+# docs/examples/gemm_profiling/gemm_profiling.rst, "Worked Example: 5B Model on H200"): the twelve GEMMs of a
+# hidden-4096, MLP-16384 layer at 15,872 tokens take 31.968 ms in BF16 and 16.785 ms as pre-quantized per-tensor
+# FP8 (current scaling) on an H200 NVL, a 1.905x speed-up where the peaks differ 2x: 1.905 / 2. Hopper FP8 and BF16
+# GEMMs share cuBLASLt and the SM90 tensor cores, so the ratio transfers between Hopper parts; absolute times do
+# not (that H200 NVL runs at 600 W). The same tutorial's Blackwell run (B300, per-tensor FP8 pre-quantized: 13.102
+# against 6.812 ms, 1.923x) gives 0.96. Small, latency-bound GEMMs get no FP8 gain beyond that of a 16-bit GEMM of
+# the same ideal time (ComputeModel._fp8_efficiency).
 FP8_OVER_16BIT_EFFICIENCY = 31.968 / 16.785 / 2.0
 
 
@@ -190,17 +190,11 @@ class ComputeModel:
         peak = self.device.peak(precision)
         classes = self._candidates(cls)
         curve, calibrated, found = self._lookup(classes, precision)
-        if op.kind == "gemm" and precision == "fp8" and not calibrated:
-            own, _ = self._curve("gemm", "bf16")  # the device's own 16-bit GEMMs, else the default curve
-            if own is not None:
-                self.uncalibrated.add("gemm:fp8")
-                p16 = self.device.peak("bf16")
-                # Large GEMMs: the measured ratio. Small ones are latency-bound, and an FP8 GEMM is no faster than
-                # a 16-bit GEMM of the same ideal time (half the FLOPs at half the peak).
-                eff = min(own.at(flops, p16) * FP8_OVER_16BIT_EFFICIENCY, own.at(flops / 2.0, p16))
-                return max(flops / (peak * eff), self._memory_roof(op.bytes, precision, flops / (peak * eff)))
         bwd_curve, _ = self._measured_backward(op, cls, precision)
-        if bwd_curve is not None:
+        fp8 = self._fp8_efficiency(flops) if op.kind == "gemm" and precision == "fp8" and not calibrated else None
+        if fp8 is not None:
+            eff = fp8
+        elif bwd_curve is not None:
             eff = self._efficiency(bwd_curve, True, op.kind, f"{found}_bwd:{precision}", flops, peak)
         elif op.kind == "attention" and op.phase != "fwd":
             # No backward curve of the device's own. A table with a forward curve keeps it, times the same
@@ -215,6 +209,18 @@ class ComputeModel:
         else:
             eff = self._efficiency(curve, calibrated, op.kind, f"{found}:{precision}", flops, peak)
         return max(flops / (peak * eff), self._memory_roof(op.bytes, precision, flops / (peak * eff)))
+
+    def _fp8_efficiency(self, flops: float) -> float | None:
+        """Efficiency of an FP8 GEMM that no FP8 curve covers, from the 16-bit one (FP8_OVER_16BIT_EFFICIENCY);
+        None where there is no 16-bit GEMM curve either."""
+        own, _ = self._curve("gemm", "bf16")  # the device's own 16-bit GEMMs, else the default curve
+        if own is None:
+            return None
+        self.uncalibrated.add("gemm:fp8")
+        p16 = self.device.peak("bf16")
+        # Large GEMMs: the measured ratio. Small ones are latency-bound, and an FP8 GEMM is no faster than a 16-bit
+        # GEMM of the same ideal time (half the FLOPs at half the peak).
+        return max(min(own.at(flops, p16) * FP8_OVER_16BIT_EFFICIENCY, own.at(flops / 2.0, p16)), 1e-4)
 
     def _memory_roof(self, size: float, precision: str, compute_s: float) -> float:
         """Seconds to move ``size`` bytes at the bandwidth a streaming kernel sustains (module docstring).

@@ -19,7 +19,7 @@ from simulator.cost.memory import StageMemory, stage_memory
 from simulator.engine.fold import FoldResult, TimedStep, fold
 from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, lower_bound, simulate_pipeline
 from simulator.errors import InfeasiblePlanError
-from simulator.graph.transformer import ModelGraph, build_graph, optimizer_bytes
+from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import Comm, Program, build_programs, chunk_params
 from simulator.parallel.schedule import generate
@@ -440,11 +440,7 @@ def _pipeline_input(
         # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer over dp); the gradient buffer it
         # zeroes is sharded only from ZeRO-2 on (graph.transformer.optimizer_bytes).
         opt_params = local_params / (layout.dp.size if zero >= 1 else 1)
-        read, write, zeroing = optimizer_bytes(plan.precision, grad_b)
-        opt_op = graph.optimizer.with_(
-            read_bytes=read * opt_params,
-            write_bytes=write * opt_params + zeroing * (opt_params if zero >= 2 else local_params),
-        )
+        opt_op = graph.optimizer_step(plan.precision, grad_b, opt_params, opt_params if zero >= 2 else local_params)
         optimizer_s = compute.time(opt_op)
         param_gather_s = 0.0
         if zero in (1, 2) and layout.dp.size > 1:

@@ -143,6 +143,14 @@ class ModelGraph:
         """Tokens per micro-batch."""
         return self.seq_len * self.micro_batch
 
+    def optimizer_step(self, precision: str, grad_bytes: int, shard_params: float, local_params: float) -> Op:
+        """The optimizer op of one rank: :func:`optimizer_bytes` over the ``shard_params`` it updates, and the
+        zeroing of the gradient buffer over ``local_params`` (equal to the shard from ZeRO-2 on)."""
+        read, write, zeroing = optimizer_bytes(precision, grad_bytes)
+        return self.optimizer.with_(
+            read_bytes=read * shard_params, write_bytes=write * shard_params + zeroing * local_params
+        )
+
     def params(self) -> int:
         """Total parameters (each layer counted with its multiplicity)."""
         return sum(b.params * b.count for b in self.blocks)

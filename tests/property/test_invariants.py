@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -111,7 +110,7 @@ def test_serial_sum_at_tp_pp_dp_1() -> None:
     cm = ComputeModel(DEVICE, None, _default_table(), "bf16")
     g = build_graph(MODEL, MODEL.seq_len, 2)
     per_mb = sum(cm.time(op) * b.count for b in g.blocks for op in b.forward + b.backward)
-    total = per_mb * 4 + cm.time(_optimizer(g, plan))
+    total = per_mb * 4 + cm.time(g.optimizer_step(plan.precision, plan.grad_bytes, g.params(), g.params()))
     assert r.step_time_s == pytest.approx(total, rel=1e-9)
 
 
@@ -269,12 +268,5 @@ def test_serial_sum_for_random_models(
     cm = ComputeModel(DEVICE, None, _default_table(), precision)
     g = build_graph(model, model.seq_len, mb, attention)
     per_mb = sum(cm.time(op) * b.count for b in g.blocks for op in b.forward + b.backward)
-    assert r.step_time_s == pytest.approx(per_mb * m + cm.time(_optimizer(g, plan)), rel=1e-9)
-
-
-def _optimizer(g: Any, plan: PlanSpec) -> Any:
-    """The optimizer step of one unsharded rank for ``plan``'s precision and gradient dtype."""
-    from simulator.graph.transformer import optimizer_bytes
-
-    read, write, zero = optimizer_bytes(plan.precision, plan.grad_bytes)
-    return g.optimizer.with_(read_bytes=read * g.params(), write_bytes=(write + zero) * g.params())
+    optimizer = g.optimizer_step(plan.precision, plan.grad_bytes, g.params(), g.params())
+    assert r.step_time_s == pytest.approx(per_mb * m + cm.time(optimizer), rel=1e-9)

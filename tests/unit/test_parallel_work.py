@@ -11,13 +11,15 @@ from collections import Counter
 
 import pytest
 
+from simulator.cost.compute import ComputeModel
 from simulator.errors import InfeasiblePlanError
+from simulator.graph.ops import Op
 from simulator.graph.transformer import build_graph
 from simulator.parallel.layout import resolve_layout
 from simulator.parallel.program import Comm, build_programs
 from simulator.run import simulate
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
-from simulator.specs.library import load_cluster
+from simulator.specs.library import load_calibration, load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import PlanSpec
 
@@ -271,6 +273,36 @@ def test_fp8_shortens_gemms_on_h100() -> None:
     assert fp8.step_time_s < bf16.step_time_s
     assert fp8.breakdown["compute_s"] < bf16.breakdown["compute_s"]
     assert fp8.model_flops == bf16.model_flops
+
+
+def test_fp8_cast_kernels_match_transformer_engine_measurement() -> None:
+    """Issue 4 (FP8 without an FP8 table): the cast kernels charged before FP8 GEMMs, checked against Transformer
+    Engine's own kernel measurement of the same layer, never against a training step.
+
+    TE's GEMM profiling tutorial (NVIDIA/TransformerEngine docs/examples/gemm_profiling/gemm_profiling.rst, "Worked
+    Example: 5B Model on H200") times the twelve GEMMs of a hidden-4096, MLP-16384 layer at 31 x 512 tokens on an
+    H200 NVL: 16.785 ms per layer as raw FP8 kernels (pre-quantized, current scaling) and 18.978 ms with delayed
+    scaling, which always quantizes its inputs inside the timed region. The difference, 2.193 ms, is what quantizing
+    every GEMM operand costs when each GEMM casts both of its inputs, weights included. Training does less (TE's
+    cast_transpose serves the weight gradient, weights are cast once per step), so the layer's casts must cost less
+    than that, and more than reading every FP8 GEMM input once in 16 bits and writing it once in 8 bits at the
+    datasheet bandwidth.
+    """
+    model = ModelSpec(name="te-5b", layers=1, hidden=4096, heads=32, ffn_hidden=16384, vocab=50304, seq_len=512)
+    h200 = load_cluster("hgx-h200")
+    plan = _plan(micro_batch=31, global_batch=31, precision="fp8", seq_len=512)
+    layout = resolve_layout(model, h200, plan)
+    graph = build_graph(model, 512, 31, plan.attention)
+    compute = ComputeModel(h200.device, h200.calibration, load_calibration("default"), "fp8")
+    steps = [s.work for prog in build_programs(graph, layout, (("layer.dense", 1),)) for s in prog]
+    casts = [op for op in steps if isinstance(op, Op) and op.name.endswith(".fp8_cast")]
+    # Inputs of the FP8 GEMMs: activations of the four forward GEMMs and incoming gradients of the four dgrads.
+    tokens, h, f = 31 * 512, 4096, 16384
+    elements = tokens * (h + h + h + f) + tokens * (3 * h + h + f + h)
+    assert sum(op.read_bytes for op in casts) == pytest.approx(2.0 * elements)
+    cast_s = sum(compute.time(op) for op in casts)
+    floor_s = 3.0 * elements / h200.device.hbm_bandwidth_bytes_per_s
+    assert floor_s < cast_s < (18.978 - 16.785) * 1e-3
 
 
 def test_fp8_is_infeasible_on_a100() -> None:

@@ -49,6 +49,11 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
     g.add_argument("--recompute", help="none, selective or full; free if omitted")
+    g.add_argument(
+        "--recompute-layers",
+        type=int,
+        help="with --recompute full: recompute only the first N layers of each model chunk (Megatron's block method)",
+    )
     g.add_argument("--zero", type=int, dest="zero_stage", help="ZeRO stage 0-3 (3 = FSDP)")
     g.add_argument("--precision", help="fp16, bf16 or fp8")
     g.add_argument("--grad-dtype", help="gradient accumulate/reduce dtype fp32, bf16 or fp16 (default: Megatron's)")
@@ -89,6 +94,7 @@ _PLAN_KEYS = (
     "global_batch",
     "seq_len",
     "recompute",
+    "recompute_layers",
     "zero_stage",
     "precision",
     "grad_dtype",
@@ -178,9 +184,10 @@ def _result_table(r: Any) -> str:
         )
     if r.chosen:
         lines.append("chosen: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in r.chosen.items()))
+    block = "" if p.recompute_layers is None else f" recompute_layers={p.recompute_layers}"
     lines.append(
         f"layout: micro_batch={p.micro_batch} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
-        f"recompute={p.recompute} zero={p.zero_stage} "
+        f"recompute={p.recompute}{block} zero={p.zero_stage} "
         f"sequence_parallel={_fmt_value(p.sequence_parallel if p.sequence_parallel is not None else p.tp > 1)}"
     )
     if r.breakdown:

@@ -104,6 +104,7 @@ class StepResult:
                 "seq_len": plan.seq_len,
                 "sequence_parallel": plan.sequence_parallel,
                 "recompute": plan.recompute,
+                "recompute_layers": plan.recompute_layers,
                 "zero_stage": plan.zero_stage,
                 "grad_overlap": plan.grad_overlap,
                 "tp_overlap": plan.tp_overlap,
@@ -292,16 +293,28 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
     return out
 
 
+def _recompute_options(model: ModelSpec, candidate: PlanSpec) -> list[tuple[str, int | None]]:
+    """Recomputation settings to try, least recomputation first: the plan's own when it states one; else none,
+    selective, full recomputation of the first 1, 2, ... layers of every model chunk (Megatron-LM's
+    ``--recompute-method block --recompute-num-layers``), then of every layer."""
+    if candidate.recompute is not None:
+        return [(candidate.recompute, candidate.recompute_layers)]
+    per_chunk = -(-model.layers // (candidate.pp * (candidate.vp or 1)))
+    partial: list[tuple[str, int | None]] = [("full", n) for n in range(1, per_chunk)]
+    return [(rc, None) for rc in RECOMPUTE_ORDER if rc != "full"] + partial + [("full", None)]
+
+
 def _first_fitting_recompute(
     model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec
 ) -> StepResult | _Prepared | None:
     """The candidate with the least recomputation that fits, prepared for the engine; else the last
     (infeasible) memory-only result, or None when no recompute setting gives a runnable plan."""
-    options = [candidate.recompute] if candidate.recompute is not None else list(RECOMPUTE_ORDER)
     last: StepResult | None = None
-    for rc in options:
-        trial = replace(candidate, recompute=rc)
+    for rc, layers in _recompute_options(model, candidate):
+        trial = replace(candidate, recompute=rc, recompute_layers=layers)
         chosen = {k: getattr(trial, k) for k in original.free_knobs}
+        if layers is not None and original.recompute is None:
+            chosen["recompute_layers"] = layers
         try:
             got = _prepare(model, cluster, trial, False, chosen, memory_only_if_infeasible=True)
         except InfeasiblePlanError:

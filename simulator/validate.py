@@ -332,6 +332,7 @@ def _relaxed(plan: PlanSpec, step: dict[str, Any]) -> PlanSpec | None:
     wanted = step.get("recompute")
     if wanted and plan.recompute is not None and _RECOMPUTE_RANK[wanted] > _RECOMPUTE_RANK[plan.recompute]:
         changes["recompute"] = wanted
+        changes["recompute_layers"] = None  # every layer: the most the step can save
     return replace(plan, **changes) if changes else None
 
 

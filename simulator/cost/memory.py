@@ -9,7 +9,8 @@ Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
 * activations: what each model chunk keeps per micro-batch (from the operator graph, sharded), times the
   number of micro-batches the schedule holds at its peak (read off the generated task order). Full
   recomputation keeps only each layer's input (Korthikanti et al. 2022, Sec. 5) plus one layer's working
-  set while it is recomputed; selective recomputation drops what the attention core alone keeps;
+  set while it is recomputed (with ``recompute_layers`` only the chunk's first layers recompute and the others
+  keep everything, Megatron-LM's block method); selective recomputation drops what the attention core alone keeps;
 * buffers: transient tensors that live outside the saved activations (the 16-bit logits before the fp32
   cross-entropy on the last stage; under ZeRO-3 the gathered parameters of the current and the
   prefetched layer) and a fixed per-process reserve for the CUDA context, library workspaces and NCCL
@@ -106,12 +107,17 @@ def _chunk_activations(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple
     sp_div = layout.tp.size if layout.sequence_parallel else 1
     layer_input = 2.0 * tokens * graph.model.hidden / sp_div  # 16-bit layer input
     tp, cp = layout.tp.size, layout.cp.size
+    # Under full recomputation the first `recompute_layers` decoder layers of the chunk recompute (all by default).
+    to_recompute = layout.plan.recompute_layers if layout.plan.recompute_layers is not None else chunk.layers
     for name, count in chunk.blocks:
         ops = graph.block(name).forward
         full = sum(local_act_bytes(op, layout) for op in ops)
         if name.startswith("layer.") and layout.recompute == "full":
-            kept += layer_input * count
-            working = max(working, full)
+            recomputed = min(count, to_recompute)
+            to_recompute -= recomputed
+            kept += layer_input * recomputed + full * (count - recomputed)
+            if recomputed:
+                working = max(working, full)
         elif name.startswith("layer.") and layout.recompute == "selective":
             # The recomputed attention core still needs Q, K and V; what it alone keeps is dropped:
             # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused).

@@ -254,7 +254,13 @@ def _build_cached(
                 fwd.comm(_param_gather(nxt[1], layout, nxt[0]), stream="dp", label=f"f{j + 1}")
             fwd.wait_for(f"f{j}")
         _emit_forward(fwd, name, f_ops, layout, graph)
-    # Backward in reverse; recomputation first where the plan asks for it.
+    # Backward in reverse; recomputation first where the plan asks for it (with recompute_layers, only for the
+    # chunk's first that many decoder layers: Megatron-LM's block method).
+    limit = layout.plan.recompute_layers
+    layer_index: dict[int, int] = {}
+    for j, (name, _, _) in enumerate(instances):
+        if name.startswith("layer."):
+            layer_index[j] = len(layer_index)
     rev = list(reversed(instances))
     for j, (name, f_ops, b_ops) in enumerate(rev):
         if zero3:
@@ -264,7 +270,7 @@ def _build_cached(
                 nxt = rev[j + 1]
                 bwd.comm(_param_gather(nxt[1], layout, nxt[0]), stream="dp", label=f"b{j + 1}")
             bwd.wait_for(f"b{j}")
-        if name.startswith("layer."):
+        if name.startswith("layer.") and (limit is None or layer_index[len(instances) - 1 - j] < limit):
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
         if not layout.plan.grad_accum_fusion and not zero3:

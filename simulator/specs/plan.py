@@ -95,6 +95,10 @@ class PlanSpec:
     seq_len: int | None = None  # None: the model's default
     sequence_parallel: bool | None = None
     recompute: str | None = None
+    # With full recomputation, how many decoder layers of each model chunk recompute (Megatron-LM's
+    # --recompute-method block --recompute-num-layers N: the first N layers of the chunk; the others keep their
+    # activations). None: every layer (Megatron's uniform method with one layer per checkpoint).
+    recompute_layers: int | None = None
     zero_stage: int = 0
     grad_overlap: bool | None = None
     tp_overlap: bool | None = None
@@ -114,6 +118,17 @@ class PlanSpec:
             raise SpecError("vp", f"must be >= 1, got {self.vp}", "use a positive number of chunks")
         if self.micro_batch is not None and self.micro_batch < 1:
             raise SpecError("micro_batch", f"must be >= 1, got {self.micro_batch}", "use a positive batch")
+        if self.recompute_layers is not None:
+            if self.recompute_layers < 1:
+                raise SpecError(
+                    "recompute_layers", f"must be >= 1, got {self.recompute_layers}", "use a positive layer count"
+                )
+            if self.recompute != "full":
+                raise SpecError(
+                    "recompute_layers",
+                    f"applies to recompute full only, got recompute={self.recompute}",
+                    "set recompute: full, or leave recompute_layers out",
+                )
         if not 0 <= self.zero_stage <= 3:
             raise SpecError("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}", "pick a ZeRO stage")
         if self.schedule == "interleaved" and self.vp == 1:
@@ -175,6 +190,7 @@ class PlanSpec:
             "seq_len": g.integer("seq_len", None, minimum=1),
             "sequence_parallel": read_knob(g, "sequence_parallel", None),
             "recompute": g.choice("recompute", RECOMPUTE, None),
+            "recompute_layers": g.integer("recompute_layers", None, minimum=1),
             "zero_stage": read_knob(g, "zero_stage", 0),
             "grad_overlap": read_knob(g, "grad_overlap", None),
             "tp_overlap": read_knob(g, "tp_overlap", None),

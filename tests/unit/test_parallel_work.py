@@ -8,11 +8,12 @@ chunk of layers); end-to-end effects through :func:`simulator.run.simulate`.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from simulator.cost.compute import ComputeModel
-from simulator.errors import InfeasiblePlanError
+from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.graph.ops import Op
 from simulator.graph.transformer import build_graph
 from simulator.parallel.layout import resolve_layout
@@ -249,6 +250,46 @@ def test_selective_recompute_adds_only_the_attention_core() -> None:
     graph = build_graph(DENSE, 1024, 1)
     core = sum(op.flops for op in graph.block("layer.dense").forward if op.kind == "attention") * DENSE.layers * 8
     assert sel.hardware_flops - none.hardware_flops == pytest.approx(core, rel=1e-9)
+
+
+def test_block_recompute_recomputes_the_first_layers_of_each_chunk() -> None:
+    """Megatron-LM's block method (``--recompute-num-layers N``): with pp 2 each stage's chunk holds two of the
+    four layers; recomputing the first one of each adds half of full recomputation's FLOPs, and the first stage
+    keeps that layer's input only, so its activations lie between full recomputation's and none's."""
+    plan = _plan(pp=2, global_batch=8)
+    none, full = _sim(DENSE, plan.with_(recompute="none")), _sim(DENSE, plan.with_(recompute="full"))
+    one = _sim(DENSE, plan.with_(recompute="full", recompute_layers=1))
+    assert one.hardware_flops - none.hardware_flops == pytest.approx((full.hardware_flops - none.hardware_flops) / 2)
+    assert none.step_time_s < one.step_time_s < full.step_time_s
+    # Stage 0 holds two micro-batches at its peak (1F1B), so what they keep outweighs one layer's working set.
+    assert full.memory[0].activations < one.memory[0].activations < none.memory[0].activations
+    # N at least the chunk's layer count is the same as every layer.
+    two = _sim(DENSE, plan.with_(recompute="full", recompute_layers=2))
+    assert two.hardware_flops == full.hardware_flops
+    assert two.memory[0].activations == full.memory[0].activations
+
+
+def test_free_recompute_tries_block_recompute_before_every_layer() -> None:
+    """When no recompute fits without recomputation, the search takes the fewest recomputed layers per chunk
+    that fit (and reports them), not all of them: what a Megatron user short of a few GiB does."""
+    plan = _plan(pp=2, global_batch=8, recompute=None)
+    layer = _sim(DENSE, plan.with_(recompute="full", recompute_layers=1)).memory[0]
+    none = _sim(DENSE, plan.with_(recompute="none")).memory[0]
+    # A device between the two: block recomputation of one layer fits, no recomputation does not.
+    capacity = (layer.total + none.total) / 2
+    tight = replace(CLUSTER, device=replace(DEVICE, hbm_bytes=capacity))
+    chosen = simulate(DENSE, tight, plan)
+    assert chosen.feasible
+    assert chosen.chosen["recompute"] == "full"
+    assert chosen.chosen["recompute_layers"] == 1
+    assert chosen.plan.recompute_layers == 1
+
+
+def test_recompute_layers_needs_full_recompute() -> None:
+    with pytest.raises(SpecError, match="applies to recompute full only"):
+        _plan(recompute="selective", recompute_layers=1)
+    with pytest.raises(SpecError, match="must be >= 1"):
+        _plan(recompute="full", recompute_layers=0)
 
 
 def test_fp8_shortens_gemms_on_h100() -> None:

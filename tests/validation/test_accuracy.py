@@ -32,9 +32,11 @@ ISSUE_TARGET = {
 # and to 20.8% with cuDNN attention for NeMo and measured causal-mask attention curves; the median from 8.9% to
 # 8.7% when the 2021 and DeepSpeed stacks paid their unfused gradient accumulation; to 7.1% (p90 20.5%, vTrain
 # 14.8%) with the streaming memory roof, Megatron's optimizer traffic, the Hopper FP8/BF16 GEMM ratio and the
-# softmax timed as a row reduction.
+# softmax timed as a row reduction; to 4.8% (p90 16.3%) when the free-recompute search learned Megatron's block
+# method (recompute only the first N layers of each chunk), which MegaScale's baseline needs to fit without
+# recomputing every layer.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.075, "p90_abs_error": 0.21},
+    "published_runs.csv": {"median_abs_error": 0.053, "p90_abs_error": 0.168},
     "vtrain_single_node.csv": {"median_abs_error": 0.152, "p90_abs_error": 0.367},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)
@@ -61,7 +63,6 @@ def test_published_runs_do_not_regress(published: ValidationReport, figure: str)
     assert published.summary[figure] <= GUARD["published_runs.csv"][figure]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 target not reached yet; see analysis/ACCURACY.md")
 def test_published_runs_meet_the_median_target(published: ValidationReport) -> None:
     assert published.summary["median_abs_error"] <= ISSUE_TARGET["published_runs.csv"]["median_abs_error"]
 

@@ -43,7 +43,6 @@ DEFAULT_OVERLAP_SLOWDOWN = 0.189
 BUCKET_PARAMS_MIN = 40_000_000
 BUCKET_PARAMS_PER_DP = 1_000_000
 MICRO_BATCH_CANDIDATES_MAX = 16
-RECOMPUTE_ORDER = ("none", "selective", "full")
 # Relative margin by which a candidate's lower bound must exceed the fastest step found before the free-knob
 # search skips it: the bound sums the same durations in another order, so it may round a few ulps high.
 BOUND_SLACK = 1e-9
@@ -301,7 +300,7 @@ def _recompute_options(model: ModelSpec, candidate: PlanSpec) -> list[tuple[str,
         return [(candidate.recompute, candidate.recompute_layers)]
     per_chunk = -(-model.layers // (candidate.pp * (candidate.vp or 1)))
     partial: list[tuple[str, int | None]] = [("full", n) for n in range(1, per_chunk)]
-    return [(rc, None) for rc in RECOMPUTE_ORDER if rc != "full"] + partial + [("full", None)]
+    return [("none", None), ("selective", None), *partial, ("full", None)]
 
 
 def _first_fitting_recompute(

@@ -256,11 +256,8 @@ def _build_cached(
         _emit_forward(fwd, name, f_ops, layout, graph)
     # Backward in reverse; recomputation first where the plan asks for it (with recompute_layers, only for the
     # chunk's first that many decoder layers: Megatron-LM's block method).
-    limit = layout.plan.recompute_layers
-    layer_index: dict[int, int] = {}
-    for j, (name, _, _) in enumerate(instances):
-        if name.startswith("layer."):
-            layer_index[j] = len(layer_index)
+    layers = [i for i, (name, _, _) in enumerate(instances) if name.startswith("layer.")]
+    recomputed = set(layers[: layout.plan.recompute_layers])  # a None bound slices every layer
     rev = list(reversed(instances))
     for j, (name, f_ops, b_ops) in enumerate(rev):
         if zero3:
@@ -270,7 +267,7 @@ def _build_cached(
                 nxt = rev[j + 1]
                 bwd.comm(_param_gather(nxt[1], layout, nxt[0]), stream="dp", label=f"b{j + 1}")
             bwd.wait_for(f"b{j}")
-        if name.startswith("layer.") and (limit is None or layer_index[len(instances) - 1 - j] < limit):
+        if len(instances) - 1 - j in recomputed:
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
         if not layout.plan.grad_accum_fusion and not zero3:

@@ -42,7 +42,15 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pp", type=int, help="pipeline-parallel degree")
     g.add_argument("--dp", type=int, help="data-parallel degree")
     g.add_argument("--cp", type=int, help="context-parallel degree")
-    g.add_argument("--ep", type=int, help="expert-parallel degree (carved out of dp·cp)")
+    g.add_argument(
+        "--ep", type=int, help="expert-parallel degree (carved out of dp·cp, or of tp·dp·cp with --expert-tp 1)"
+    )
+    g.add_argument(
+        "--expert-tp",
+        type=int,
+        help="tensor parallelism inside the experts: tp (Megatron's default) or 1 (MoE parallel folding); "
+        "default tp, or 1 where ep does not divide dp·cp",
+    )
     g.add_argument("--vp", type=int, help="virtual pipeline chunks per stage (interleaved 1F1B); free if omitted")
     g.add_argument("--schedule", help="gpipe, 1f1b, interleaved or zb_h1")
     g.add_argument("--micro-batch", type=int, help="sequences per micro-batch; free if omitted")
@@ -88,6 +96,7 @@ _PLAN_KEYS = (
     "dp",
     "cp",
     "ep",
+    "expert_tp",
     "vp",
     "schedule",
     "micro_batch",

@@ -96,6 +96,7 @@ class StepResult:
                 "dp": plan.dp,
                 "cp": plan.cp,
                 "ep": plan.ep,
+                "expert_tp": plan.expert_tp,
                 "vp": plan.vp,
                 "schedule": plan.schedule,
                 "micro_batch": plan.micro_batch,
@@ -363,6 +364,8 @@ def _prepare(
     Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``.
     """
     layout = resolve_layout(model, cluster, plan)
+    if plan.expert_tp is None and layout.etp != plan.tp:
+        chosen = {**chosen, "expert_tp": layout.etp}  # MoE parallel folding was the only way to place ep
     graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
     chunks = partition(graph, plan.pp, layout.vp)
     orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)

@@ -90,8 +90,9 @@ class Layout:
     cp: Group
     ep: Group
     dp: Group  # gradient reduction group of dense parameters: dp × cp ranks (Megatron)
-    edp: Group  # expert-data-parallel group: dp·cp / ep ranks
+    edp: Group  # expert-data-parallel group: tp·dp·cp / (ep·etp) ranks
     pp: Group
+    etp: int = 1  # tensor parallelism inside the experts (tp, or 1 with MoE parallel folding)
 
     @property
     def num_gpus(self) -> int:
@@ -119,15 +120,17 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
         model.kv_heads % tp == 0 or tp % model.kv_heads == 0,
         f"'tp' and 'kv_heads' must divide one another: tp={tp}, kv_heads={model.kv_heads}",
     )
-    _require(pp <= model.layers, f"'pp' must be at most 'layers': pp={pp}, layers={model.layers}")
     if vp > 1:
         _require(pp > 1, f"interleaving ('vp' > 1) needs a pipeline: vp={vp}, pp={pp}; use pp >= 2 or vp=1")
+    if pp * vp > 1:
         # Megatron-LM wants pp·vp to divide the layers; uneven first/last stages (as Llama 3 ran) are allowed
-        # as long as every virtual stage keeps at least one layer (parallel.stages takes the remainder from
-        # the ends).
+        # (parallel.stages takes the remainder from the ends), and the embedding and the loss may count as a
+        # layer each, leaving the first and last virtual stages without a decoder layer (Megatron-Core's
+        # --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split).
         _require(
-            model.layers >= pp * vp,
-            f"'pp·vp' must not exceed 'layers': pp={pp}, vp={vp}, layers={model.layers}",
+            model.layers + 2 >= pp * vp,
+            f"'pp·vp' must not exceed 'layers' + 2 (the embedding and the loss): pp={pp}, vp={vp}, "
+            f"layers={model.layers}",
         )
     _require(seq_len % cp == 0, f"'cp' must divide 'seq_len': cp={cp}, seq_len={seq_len}")
     if cp > 1:
@@ -140,7 +143,15 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
             model.moe.num_experts % ep == 0,
             f"'ep' must divide 'num_experts': ep={ep}, num_experts={model.moe.num_experts}",
         )
-        _require((dp * cp) % ep == 0, f"'ep' must divide dp·cp: ep={ep}, dp={dp}, cp={cp}")
+    etp = _expert_tp(plan, model)
+    if ep > 1:
+        if etp == tp:
+            _require((dp * cp) % ep == 0, f"'ep' must divide dp·cp: ep={ep}, dp={dp}, cp={cp}")
+        else:
+            _require(
+                (tp * dp * cp) % ep == 0,
+                f"'ep' must divide tp·dp·cp with expert_tp 1: ep={ep}, tp={tp}, dp={dp}, cp={cp}",
+            )
     _require(
         plan.global_batch % (dp * mb) == 0,
         f"'global_batch' must be a multiple of dp·micro_batch: global_batch={plan.global_batch}, dp={dp}, "
@@ -160,6 +171,9 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     sp = bool(plan.sequence_parallel) if plan.sequence_parallel is not None else tp > 1
     if tp == 1:
         sp = False
+    if etp != tp:
+        # Folded experts take the tokens each TP rank holds, which needs them split (Megatron-Core asserts it).
+        _require(sp, f"expert_tp 1 with tp={tp} needs sequence parallelism; turn it on or use expert_tp {tp}")
     recompute = plan.recompute
     assert recompute is not None
     return Layout(
@@ -175,11 +189,23 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
         seq_len=seq_len,
         tp=place("tp", tp, 1, cluster),
         cp=place("cp", cp, tp, cluster),
-        ep=place("ep", ep, tp, cluster),
+        # Expert ranks are ordered etp-ep-edp inside a stage (Megatron-Core's expert rank generator).
+        ep=place("ep", ep, etp, cluster),
         dp=place("dp", dp * cp, tp, cluster),
-        edp=place("edp", dp * cp // ep, tp * ep, cluster),
+        edp=place("edp", tp * dp * cp // (ep * etp), etp * ep, cluster),
         pp=place("pp", pp, tp * cp * dp, cluster),
+        etp=etp,
     )
+
+
+def _expert_tp(plan: PlanSpec, model: ModelSpec) -> int:
+    """The experts' tensor-parallel degree: the plan's, else tp (Megatron-Core's default) unless ep does not
+    divide dp·cp, where only MoE parallel folding (expert_tp 1) can place the experts."""
+    if model.moe is None or plan.tp == 1:
+        return plan.tp
+    if plan.expert_tp is not None:
+        return plan.expert_tp
+    return plan.tp if (plan.dp * plan.cp) % plan.ep == 0 else 1
 
 
 def _require(ok: bool, message: str) -> None:

@@ -93,11 +93,12 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     """
     tp = layout.tp.size
     cp = layout.cp.size
-    tok_div = cp * (tp if layout.sequence_parallel and op.sp_tokens else 1)
-    tp_div = tp if op.tp_axis else 1
+    folded = _folded(op, layout)
+    tok_div = cp * (tp if (layout.sequence_parallel and op.sp_tokens) or folded else 1)
+    tp_div = tp if op.tp_axis and not folded else 1
     changes: dict[str, object] = {"act_bytes": local_act_bytes(op, layout), "params": local_params(op, layout)}
     if op.kind == "memory":
-        scale = 1.0 / (tok_div * (tp if op.tp_axis == "bytes" else 1))
+        scale = 1.0 / (tok_div * (tp_div if op.tp_axis == "bytes" else 1))
         changes["read_bytes"] = op.read_bytes * scale
         changes["write_bytes"] = op.write_bytes * scale
         return op.with_(**changes)
@@ -123,12 +124,23 @@ def _is_expert_gemm(op: Op) -> bool:
     return op.kind == "gemm" and op.batch > 1 and op.name.startswith("moe.experts")
 
 
+def _routed(op_name: str) -> bool:
+    """Router, permutation, routed experts and un-permutation (not the shared experts)."""
+    return op_name.startswith("moe.") and not op_name.startswith("moe.shared")
+
+
+def _folded(op: Op, layout: Layout) -> bool:
+    """Whether ``op`` runs folded: expert_tp 1 under tp > 1, so the routed part of the MoE block works on the
+    tokens this TP rank holds (sequence parallelism) with whole experts, and needs no TP collective."""
+    return layout.etp != layout.tp.size and _routed(op.name)
+
+
 def local_act_bytes(op: Op, layout: Layout) -> float:
     """The activation bytes one rank keeps for ``op``'s backward (the ``act_bytes`` of :func:`shard_op`)."""
     tp = layout.tp.size
     # A column-parallel GEMM keeps its *input*, which TP replicates (unless sequence parallelism splits
     # it); a row-parallel GEMM, the attention core and TP-split memory ops keep TP-split tensors.
-    act_split = op.tp_axis not in ("", "n", "vocab") or (layout.sequence_parallel and tp > 1)
+    act_split = op.tp_axis not in ("", "n", "vocab") or (layout.sequence_parallel and tp > 1) or _folded(op, layout)
     act = op.act_bytes / (layout.cp.size * (tp if act_split else 1))
     if op.kind == "gemm" and fp8_gemm(op, layout):
         act /= 2  # Transformer Engine keeps the FP8 copy of a GEMM input for the backward pass (1 byte)
@@ -138,7 +150,7 @@ def local_act_bytes(op: Op, layout: Layout) -> float:
 def local_params(op: Op, layout: Layout) -> int:
     """The parameters of ``op`` one rank holds: split over tp along the TP axis, expert weights over ep
     (the ``params`` of :func:`shard_op`, without building the sharded op)."""
-    params = op.params // layout.tp.size if op.tp_axis else op.params
+    params = op.params // layout.tp.size if op.tp_axis and not _folded(op, layout) else op.params
     return params // layout.ep.size if _is_expert_gemm(op) else params
 
 
@@ -333,8 +345,12 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
     h = graph.model.hidden
     fwd_overlap = 2 if layout.tp_overlap else 1
     shared_after_unpermute = any(op.name.startswith("moe.shared") for op in ops)
+    folded = layout.etp != layout.tp.size
     for op in ops:
         region = _REGION_START.get(op.name)
+        if folded and op.name in {"moe.router", "moe.shared.up"}:
+            # Folded experts need no TP collective; shared experts are a TP-split MLP of their own.
+            region = "mlp" if op.name == "moe.shared.up" else None
         if region is not None:
             ag, _, _ = _tp_comms(layout, h, f"{block}.{region}")
             if ag is not None:
@@ -347,7 +363,7 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
             b.comm(_a2a(layout, graph, f"{block}.combine"))
         _emit_compute(b, op, layout, graph)
         end = _REGION_END.get(op.name)
-        if end is not None and not (op.name == "moe.unpermute" and shared_after_unpermute):
+        if end is not None and not (op.name == "moe.unpermute" and (shared_after_unpermute or folded)):
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}")
             for c in (rs, ar):
                 if c is not None:
@@ -420,7 +436,8 @@ def _emit_compute(b: _Builder, op: Op, layout: Layout, graph: ModelGraph) -> Non
 def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:
     moe = graph.model.moe
     assert moe is not None
-    tokens = _tokens(layout)  # tokens were gathered over TP before the router (sequence parallelism)
+    # Tokens were gathered over TP before the router (sequence parallelism), unless the experts are folded.
+    tokens = _tokens(layout) // (layout.tp.size if layout.etp != layout.tp.size else 1)
     size = float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
     return Comm(f"{tag}.all_to_all", "all_to_all", layout.ep, size, "ep")
 
@@ -462,8 +479,11 @@ def _emit_backward(
 ) -> None:
     h = graph.model.hidden
     started: set[str] = set()
+    folded = layout.etp != layout.tp.size
     for op in ops:
         region = _BWD_REGION_START.get(op.name)
+        if folded and op.name == "moe.unpermute.bwd":
+            region = None
         if region is not None and region not in started:
             started.add(region)
             ag, _, _ = _tp_comms(layout, h, f"{block}.{region}.bwd")
@@ -478,12 +498,14 @@ def _emit_backward(
         if op.phase == "bwd_weight" and w is not None:
             w.compute(op)
             continue
-        if op.name in _DGRAD_WITH_INPUT_GATHER and layout.sequence_parallel and w is None:
+        if op.name in _DGRAD_WITH_INPUT_GATHER and layout.sequence_parallel and w is None and not _folded(op, layout):
             ag, _, _ = _tp_comms(layout, h, f"{block}.{op.name}.input")
             if ag is not None:
                 b.comm(ag, join=2)  # joined by the weight-gradient GEMM right after the dgrad
         _emit_compute(b, op, layout, graph)
         end = _BWD_REGION_END.get(op.name)
+        if folded:
+            end = "mlp" if op.name == "moe.shared.up.dgrad" else None if op.name == "moe.router.dgrad" else end
         if end is not None:
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}.bwd")
             for c in (rs, ar):

@@ -5,7 +5,11 @@ virtual stage = chunk·pp + stage, with the embedding on the first virtual stage
 loss on the last. When ``pp`` does not divide the layer count (vp = 1 only), layers are taken away from
 the first and last stages, which also carry the embedding and the head; this is what Llama 3 405B did
 (126 layers on 16 stages: "we reduce one Transformer layer each from the first and the last stages",
-Llama 3 paper, Sec. 3.3.2).
+Llama 3 paper, Sec. 3.3.2). With up to two more virtual stages than layers, the embedding and the loss count
+as one layer each, so the first virtual stage may hold the embedding alone and the last the output head alone:
+Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``,
+with which Megatron-Bridge runs Llama 3.1 405B (126 layers) on pp 16 × vp 8 = 128 virtual stages
+(docs/performance-summary-archive.md, 26.02 container, DGX-GB200).
 """
 
 from __future__ import annotations
@@ -29,8 +33,21 @@ class Chunk:
 
 
 def _layers_per_virtual_stage(layers: int, virtual: int) -> list[int]:
+    """Decoder layers on each virtual stage, in virtual-stage order.
+
+    >>> _layers_per_virtual_stage(10, 4), _layers_per_virtual_stage(6, 8), _layers_per_virtual_stage(6, 7)
+    ([2, 3, 3, 2], [0, 1, 1, 1, 1, 1, 1, 0], [0, 1, 1, 2, 1, 1, 0])
+    """
+    if virtual > layers + 2:
+        raise InfeasiblePlanError(
+            f"more pipeline chunks than layers plus the embedding and the loss: pp·vp={virtual}, layers={layers}"
+        )
     if virtual > layers:
-        raise InfeasiblePlanError(f"more pipeline chunks than layers: pp·vp={virtual}, layers={layers}")
+        # The embedding and the loss are counted as layers (Megatron-Core's account-for-* options).
+        counts = _layers_per_virtual_stage(layers + 2, virtual)
+        counts[0] -= 1
+        counts[-1] -= 1
+        return counts
     base = -(-layers // virtual)
     counts = [base] * virtual
     deficit = base * virtual - layers

@@ -106,6 +106,10 @@ class PlanSpec:
     precision: str = "bf16"
     grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
+    # Tensor parallelism inside the experts (Megatron-Core's --expert-tensor-parallel-size): None is Megatron's
+    # default, tp, unless ep does not divide dp·cp; then 1, MoE parallel folding (experts spread over the
+    # tp·dp·cp ranks of a stage, Liu et al. 2025, arXiv:2504.14960). 1 or tp.
+    expert_tp: int | None = None
     expert_imbalance: float = 1.0
     straggler_factor: float = 1.0
 
@@ -114,6 +118,12 @@ class PlanSpec:
             value = getattr(self, knob)
             if value < 1:
                 raise SpecError(knob, f"must be >= 1, got {value}", "use a positive degree")
+        if self.expert_tp is not None and self.expert_tp not in (1, self.tp):
+            raise SpecError(
+                "expert_tp",
+                f"must be 1 or tp ({self.tp}), got {self.expert_tp}",
+                "use 1 (MoE parallel folding) or tp, or leave it out",
+            )
         if self.vp is not None and self.vp < 1:
             raise SpecError("vp", f"must be >= 1, got {self.vp}", "use a positive number of chunks")
         if self.micro_batch is not None and self.micro_batch < 1:
@@ -198,6 +208,7 @@ class PlanSpec:
             "precision": g.choice("precision", PRECISIONS, "bf16"),
             "grad_dtype": read_knob(g, "grad_dtype", None),
             "attention": read_knob(g, "attention", "flash"),
+            "expert_tp": g.integer("expert_tp", None, minimum=1),
             "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
             "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),
         }

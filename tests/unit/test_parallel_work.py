@@ -187,6 +187,52 @@ def test_expert_parallel_spreads_experts() -> None:
     assert two.params == one.params // 2  # type: ignore[attr-defined]
 
 
+def test_moe_parallel_folding_spreads_whole_experts_over_tp_ranks() -> None:
+    """MoE parallel folding (Megatron-Core --expert-tensor-parallel-size 1): with tp 2, dp 2 and ep 4 the expert
+    group reaches across the TP ranks, which ep must not do with the experts TP-split (ep ∤ dp·cp), so expert_tp
+    1 is the only placement and is reported. Each rank then runs whole experts (a quarter of the expert weights,
+    not an eighth) on the tokens its TP rank holds, the routed part needs no TP collective, and the all-to-all
+    carries half the tokens of the TP-split placement."""
+    moe = replace(MOE, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=2048))
+    split = _plan(tp=2, dp=4, ep=4, global_batch=8)
+    folded = _plan(tp=2, dp=2, ep=4, global_batch=8)
+    assert resolve_layout(moe, CLUSTER, split.with_(seq_len=1024)).etp == 2
+    layout = resolve_layout(moe, CLUSTER, folded.with_(seq_len=1024))
+    assert (layout.etp, layout.ep.stride, layout.edp.size) == (1, 1, 1)
+
+    def experts(plan: PlanSpec) -> Op:
+        lay = resolve_layout(moe, CLUSTER, plan.with_(seq_len=1024))
+        fwd = build_programs(build_graph(moe, 1024, 1), lay, (("layer.moe", 1),))[0]
+        (op,) = [s.work for s in fwd if getattr(s.work, "name", "") == "moe.experts.up"]
+        assert isinstance(op, Op)
+        return op
+
+    whole, halves = experts(folded), experts(split)
+    assert whole.params == 2 * halves.params  # 2 of 8 experts whole against 2 of 8 halved by tp
+    assert whole.flops == pytest.approx(halves.flops)  # half the tokens, twice the width
+    tp_comms = [c.name for c in _comms(moe, folded) if c.kind == "tp"]
+    assert tp_comms
+    assert not any(".mlp." in name for name in tp_comms)
+    (a2a_folded,) = {c.size_bytes for c in _comms(moe, folded) if c.kind == "ep"}
+    (a2a_split,) = {c.size_bytes for c in _comms(moe, split) if c.kind == "ep"}
+    assert a2a_folded == pytest.approx(a2a_split / 2)
+    result = _sim(moe, folded)
+    assert result.feasible
+    assert result.chosen["expert_tp"] == 1
+
+
+def test_moe_parallel_folding_rules() -> None:
+    moe = MOE
+    with pytest.raises(SpecError, match="must be 1 or tp"):
+        _plan(tp=4, dp=2, ep=2, expert_tp=2)
+    with pytest.raises(InfeasiblePlanError, match="needs sequence parallelism"):
+        resolve_layout(moe, CLUSTER, _plan(tp=2, dp=2, ep=4, sequence_parallel=False).with_(seq_len=1024))
+    with pytest.raises(InfeasiblePlanError, match="must divide tp·dp·cp"):
+        resolve_layout(moe, CLUSTER, _plan(tp=2, dp=3, ep=4).with_(seq_len=1024))
+    # Asked for, folding applies even where the TP-split placement would fit.
+    assert resolve_layout(moe, CLUSTER, _plan(tp=2, dp=2, ep=2, expert_tp=1).with_(seq_len=1024)).etp == 1
+
+
 def test_zero3_gathers_parameters_and_scatters_gradients() -> None:
     """Issue 3 (ZeRO-3): each layer's parameters are all-gathered before its forward and its backward, and its
     gradients reduce-scattered; ZeRO 0-2 have no per-layer DP traffic."""
@@ -283,6 +329,25 @@ def test_free_recompute_tries_block_recompute_before_every_layer() -> None:
     assert chosen.chosen["recompute"] == "full"
     assert chosen.chosen["recompute_layers"] == 1
     assert chosen.plan.recompute_layers == 1
+
+
+def test_embedding_and_loss_count_as_layers_when_virtual_stages_outnumber_layers() -> None:
+    """Megatron-Core's --account-for-embedding/loss-in-pipeline-split: four layers on pp 2 × vp 3 = 6 virtual
+    stages leave the first one the embedding alone and the last one the output head alone; the step runs, and
+    does the same FLOPs as the plain pipeline. Seven virtual stages is one too many."""
+    from simulator.parallel.stages import partition
+
+    graph = build_graph(DENSE, 1024, 1)
+    chunks = partition(graph, 2, 3)
+    assert chunks[0][0].blocks == (("embedding", 1),)
+    assert chunks[1][2].blocks == (("head", 1),)
+    assert sum(c.layers for stage in chunks for c in stage) == DENSE.layers
+    folded = _sim(DENSE, _plan(pp=2, vp=3, global_batch=8))
+    plain = _sim(DENSE, _plan(pp=2, global_batch=8))
+    assert folded.feasible
+    assert folded.hardware_flops == pytest.approx(plain.hardware_flops)
+    with pytest.raises(InfeasiblePlanError, match="'layers' \\+ 2"):
+        resolve_layout(DENSE, CLUSTER, _plan(pp=7, dp=1, global_batch=8))
 
 
 def test_recompute_layers_needs_full_recompute() -> None:

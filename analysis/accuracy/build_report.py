@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FILES = (
     ROOT / "data" / "validation" / "published_runs.csv",
     ROOT / "data" / "validation" / "vtrain_single_node.csv",
+    ROOT / "data" / "validation" / "megatron_bridge_runs.csv",
 )
 NOTES = Path(__file__).with_name("NOTES.md")
 BAND = 0.15  # the ±15% band drawn on the scatter plot (issue 4's p90 target on published runs)

@@ -364,7 +364,7 @@ def _prepare(
     Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``.
     """
     layout = resolve_layout(model, cluster, plan)
-    if plan.expert_tp is None and layout.etp != plan.tp:
+    if plan.expert_tp is None and layout.experts_folded:
         chosen = {**chosen, "expert_tp": layout.etp}  # MoE parallel folding was the only way to place ep
     graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
     chunks = partition(graph, plan.pp, layout.vp)

@@ -208,7 +208,8 @@ class ComputeModel:
                 eff = self._efficiency(curve, False, op.kind, ratio_label, flops, peak) * ATTENTION_BWD_RATIO
         else:
             eff = self._efficiency(curve, calibrated, op.kind, f"{found}:{precision}", flops, peak)
-        return max(flops / (peak * eff), self._memory_roof(op.bytes, precision, flops / (peak * eff)))
+        compute_s = flops / (peak * eff)
+        return max(compute_s, self._memory_roof(op.bytes, precision, compute_s))
 
     def _fp8_efficiency(self, flops: float) -> float | None:
         """Efficiency of an FP8 GEMM that no FP8 curve covers, from the 16-bit one (FP8_OVER_16BIT_EFFICIENCY);

@@ -99,6 +99,11 @@ class Layout:
         """GPUs in the job."""
         return self.plan.num_gpus
 
+    @property
+    def experts_folded(self) -> bool:
+        """MoE parallel folding: the experts are not TP-split although the rest of the model is (etp 1, tp > 1)."""
+        return self.etp != self.tp.size
+
 
 def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> Layout:
     """Check ``plan`` against ``model`` and ``cluster`` and place its groups; every free knob must be set.
@@ -136,6 +141,7 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     if cp > 1:
         # Load-balanced causal ring attention splits each sequence into 2·cp chunks (Megatron-LM / TE).
         _require(seq_len % (2 * cp) == 0, f"'2·cp' must divide 'seq_len': cp={cp}, seq_len={seq_len}")
+    etp = _expert_tp(plan, model)
     if ep > 1:
         _require(model.moe is not None, f"'ep' > 1 needs a mixture-of-experts model: ep={ep}, model={model.name}")
         assert model.moe is not None
@@ -143,8 +149,6 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
             model.moe.num_experts % ep == 0,
             f"'ep' must divide 'num_experts': ep={ep}, num_experts={model.moe.num_experts}",
         )
-    etp = _expert_tp(plan, model)
-    if ep > 1:
         if etp == tp:
             _require((dp * cp) % ep == 0, f"'ep' must divide dp·cp: ep={ep}, dp={dp}, cp={cp}")
         else:

@@ -132,7 +132,7 @@ def _routed(op_name: str) -> bool:
 def _folded(op: Op, layout: Layout) -> bool:
     """Whether ``op`` runs folded: expert_tp 1 under tp > 1, so the routed part of the MoE block works on the
     tokens this TP rank holds (sequence parallelism) with whole experts, and needs no TP collective."""
-    return layout.etp != layout.tp.size and _routed(op.name)
+    return layout.experts_folded and _routed(op.name)
 
 
 def local_act_bytes(op: Op, layout: Layout) -> float:
@@ -341,16 +341,24 @@ _REGION_START = {"attn.qkv": "attn", "mlp.up": "mlp", "moe.router": "mlp", "head
 _REGION_END = {"attn.out": "attn", "mlp.down": "mlp", "moe.unpermute": "mlp", "embedding.lookup": "embedding"}
 
 
+def _without(table: dict[str, str], name: str, add: dict[str, str] | None = None) -> dict[str, str]:
+    """``table`` without the entry ``name``, plus the entries of ``add``."""
+    return {**{k: v for k, v in table.items() if k != name}, **(add or {})}
+
+
+# With folded experts the routed part of the MoE block (router to un-permutation) has no TP collective; shared
+# experts stay a TP-split MLP of their own, gathered before their up-projection.
+_FOLDED_REGION_START = _without(_REGION_START, "moe.router", {"moe.shared.up": "mlp"})
+_FOLDED_REGION_END = _without(_REGION_END, "moe.unpermute")
+
+
 def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph: ModelGraph) -> None:
     h = graph.model.hidden
     fwd_overlap = 2 if layout.tp_overlap else 1
     shared_after_unpermute = any(op.name.startswith("moe.shared") for op in ops)
-    folded = layout.etp != layout.tp.size
+    starts, ends = (_FOLDED_REGION_START, _FOLDED_REGION_END) if layout.experts_folded else (_REGION_START, _REGION_END)
     for op in ops:
-        region = _REGION_START.get(op.name)
-        if folded and op.name in {"moe.router", "moe.shared.up"}:
-            # Folded experts need no TP collective; shared experts are a TP-split MLP of their own.
-            region = "mlp" if op.name == "moe.shared.up" else None
+        region = starts.get(op.name)
         if region is not None:
             ag, _, _ = _tp_comms(layout, h, f"{block}.{region}")
             if ag is not None:
@@ -362,8 +370,8 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
         if op.name == "moe.unpermute" and layout.ep.size > 1:
             b.comm(_a2a(layout, graph, f"{block}.combine"))
         _emit_compute(b, op, layout, graph)
-        end = _REGION_END.get(op.name)
-        if end is not None and not (op.name == "moe.unpermute" and (shared_after_unpermute or folded)):
+        end = ends.get(op.name)
+        if end is not None and not (op.name == "moe.unpermute" and shared_after_unpermute):
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}")
             for c in (rs, ar):
                 if c is not None:
@@ -437,7 +445,7 @@ def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:
     moe = graph.model.moe
     assert moe is not None
     # Tokens were gathered over TP before the router (sequence parallelism), unless the experts are folded.
-    tokens = _tokens(layout) // (layout.tp.size if layout.etp != layout.tp.size else 1)
+    tokens = _tokens(layout) // (layout.tp.size if layout.experts_folded else 1)
     size = float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
     return Comm(f"{tag}.all_to_all", "all_to_all", layout.ep, size, "ep")
 
@@ -472,6 +480,11 @@ _BWD_REGION_END = {
 # Activation-gradient GEMMs whose weight-gradient partner needs the sequence-split input gathered again
 # (Megatron-LM issues that all-gather before the dgrad GEMM so that the two overlap).
 _DGRAD_WITH_INPUT_GATHER = {"attn.qkv.dgrad", "mlp.up.dgrad", "head.logits.dgrad", "moe.router.dgrad"}
+# Folded experts: the routed part's backward has no TP collective either; the shared experts' ends at their
+# up-projection's activation gradient.
+_FOLDED_BWD_REGION_START = _without(_BWD_REGION_START, "moe.unpermute.bwd")
+_FOLDED_BWD_REGION_END = _without(_BWD_REGION_END, "moe.router.dgrad", {"moe.shared.up.dgrad": "mlp"})
+_FOLDED_DGRAD_WITH_INPUT_GATHER = _DGRAD_WITH_INPUT_GATHER - {"moe.router.dgrad"}
 
 
 def _emit_backward(
@@ -479,11 +492,13 @@ def _emit_backward(
 ) -> None:
     h = graph.model.hidden
     started: set[str] = set()
-    folded = layout.etp != layout.tp.size
+    starts, ends, gathers = (
+        (_FOLDED_BWD_REGION_START, _FOLDED_BWD_REGION_END, _FOLDED_DGRAD_WITH_INPUT_GATHER)
+        if layout.experts_folded
+        else (_BWD_REGION_START, _BWD_REGION_END, _DGRAD_WITH_INPUT_GATHER)
+    )
     for op in ops:
-        region = _BWD_REGION_START.get(op.name)
-        if folded and op.name == "moe.unpermute.bwd":
-            region = None
+        region = starts.get(op.name)
         if region is not None and region not in started:
             started.add(region)
             ag, _, _ = _tp_comms(layout, h, f"{block}.{region}.bwd")
@@ -498,14 +513,12 @@ def _emit_backward(
         if op.phase == "bwd_weight" and w is not None:
             w.compute(op)
             continue
-        if op.name in _DGRAD_WITH_INPUT_GATHER and layout.sequence_parallel and w is None and not _folded(op, layout):
+        if op.name in gathers and layout.sequence_parallel and w is None:
             ag, _, _ = _tp_comms(layout, h, f"{block}.{op.name}.input")
             if ag is not None:
                 b.comm(ag, join=2)  # joined by the weight-gradient GEMM right after the dgrad
         _emit_compute(b, op, layout, graph)
-        end = _BWD_REGION_END.get(op.name)
-        if folded:
-            end = "mlp" if op.name == "moe.shared.up.dgrad" else None if op.name == "moe.router.dgrad" else end
+        end = ends.get(op.name)
         if end is not None:
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}.bwd")
             for c in (rs, ar):

@@ -70,6 +70,10 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         help="flash (the device's fastest fused kernel, default), flash2 (FlashAttention-2), cudnn (cuDNN fused "
         "attention) or unfused (softmax)",
     )
+    g.add_argument(
+        "--cp-comm",
+        help="how context parallelism moves keys and values: p2p (ring, default), all_gather or a2a (Ulysses)",
+    )
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)
     g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None)
@@ -108,6 +112,7 @@ _PLAN_KEYS = (
     "precision",
     "grad_dtype",
     "attention",
+    "cp_comm",
     "sequence_parallel",
     "grad_overlap",
     "tp_overlap",

@@ -112,6 +112,7 @@ class StepResult:
                 "precision": plan.precision,
                 "grad_dtype": plan.grad_dtype,
                 "attention": plan.attention,
+                "cp_comm": plan.cp_comm,
             },
             "feasible": self.feasible,
             "reason": self.reason,

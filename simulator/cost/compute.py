@@ -126,9 +126,12 @@ class ComputeModel:
             return "activation"
         # The cross-entropy is a chain of streaming PyTorch kernels (casts, in-place sub/exp/div/mul, row max
         # and sum; see graph.transformer.CE_FWD_READ), timed as one elementwise op over the bytes they move.
-        if name.endswith(
-            ("dropout_add", "dropout_add.bwd", "dropout", "dropout.bwd", ".fp8_cast", ".grad_accumulate")
-        ) or name.startswith(("optimizer", "head.cross_entropy")):
+        # The copies, adds and output merges of context-parallel attention (program.py, ``.cp_*``) stream too.
+        if (
+            name.endswith(("dropout_add", "dropout_add.bwd", "dropout", "dropout.bwd", ".fp8_cast", ".grad_accumulate"))
+            or name.startswith(("optimizer", "head.cross_entropy"))
+            or ".cp_" in name
+        ):
             return "elementwise"
         return "memory"
 

@@ -141,6 +141,15 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     if cp > 1:
         # Load-balanced causal ring attention splits each sequence into 2·cp chunks (Megatron-LM / TE).
         _require(seq_len % (2 * cp) == 0, f"'2·cp' must divide 'seq_len': cp={cp}, seq_len={seq_len}")
+        if plan.cp_comm == "a2a":
+            # Ulysses-style CP scatters heads over the CP ranks: each TP rank's query and KV heads must split
+            # evenly (Transformer Engine's AttnFuncWithCPAndQKVOA2A asserts both).
+            heads, kv_heads = model.heads // tp, max(1, model.kv_heads // tp)
+            _require(
+                heads % cp == 0 and kv_heads % cp == 0,
+                f"cp_comm a2a needs 'cp' to divide the query and KV heads of each TP rank: cp={cp}, "
+                f"heads/tp={heads}, kv_heads/tp={kv_heads}; use cp_comm p2p or all_gather",
+            )
     etp = _expert_tp(plan, model)
     if ep > 1:
         _require(model.moe is not None, f"'ep' > 1 needs a mixture-of-experts model: ep={ep}, model={model.name}")

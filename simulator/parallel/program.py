@@ -15,9 +15,11 @@ durations. Collective placement follows Megatron-LM:
   ``LinearWithGradAccumulationAndAsyncCommunication``, on by default since 2022). With ``tp_overlap``
   (Transformer Engine userbuffers) the forward all-gathers and reduce-scatters are also pipelined with
   their GEMMs.
-* Context parallelism (ring attention; Liu et al. 2023, Megatron-LM/TE implementation): the attention core
-  runs in cp steps; each step's KV block exchange with the ring neighbours overlaps the previous step's
-  compute; backward circulates KV and its gradient (twice the bytes).
+* Context parallelism (Megatron-Core's ``--cp-comm-type``, Transformer Engine's implementations): by default
+  ring attention (Liu et al. 2023): the attention core runs in cp steps; each step's KV block exchange with the
+  ring neighbours overlaps the previous step's compute; backward circulates KV and its gradient (twice the
+  bytes). Alternatively an exposed all-gather of KV (Llama 3) or all-to-alls of q, k, v and the output
+  (DeepSpeed-Ulysses). Each also runs the copies and output merges of TE's implementation.
 * Expert parallelism (Lepikhin et al. 2020, GShard; Megatron-Core token dispatcher): an all-to-all
   dispatches routed tokens to their experts and another combines them, in forward and backward.
 * ZeRO-3 / FSDP (Rajbhandari et al. 2020; Zhao et al. 2023): each layer's parameters are all-gathered
@@ -412,33 +414,157 @@ def _fp8_cast(op: Op) -> Op | None:
 
 
 def _emit_compute(b: _Builder, op: Op, layout: Layout, graph: ModelGraph) -> None:
-    """One compute op; the attention core is split into cp ring steps when cp > 1."""
-    cp = layout.cp.size
-    if op.kind != "attention" or cp == 1:
-        if fp8_gemm(op, layout):
-            cast = _fp8_cast(op)
-            if cast is not None:
-                b.compute(cast)
-        b.compute(op)
+    """One compute op; with cp > 1 the attention core runs as the plan's context-parallel exchange."""
+    if op.kind == "attention" and layout.cp.size > 1:
+        _EMIT_CP[layout.plan.cp_comm](b, op, layout)
         return
-    # Each ring step: the local queries against one rank's KV block. With a causal mask and load balancing
-    # (each rank holds chunks i and 2·cp−1−i of the sequence; Megatron-LM / Transformer Engine), the first step
-    # is the local block under the mask and every later one an unmasked half block (all local queries against
-    # the earlier chunk of the arriving KV, or the later query chunk against all of it): the same executed
-    # FLOPs as cp masked strips, timed on the kernel's curve with and without a mask.
+    if fp8_gemm(op, layout):
+        cast = _fp8_cast(op)
+        if cast is not None:
+            b.compute(cast)
+    b.compute(op)
+
+
+def _qkv_bytes(op: Op) -> tuple[float, float]:
+    """Bytes of one rank's local queries (= its attention output) and of its local keys and values."""
+    q = float(ACT_BYTES * op.batch * op.seq_q * op.heads * op.head_dim)
+    kv = float(ACT_BYTES * 2 * op.batch * op.seq_q * op.kv_heads * op.head_dim)
+    return q, kv
+
+
+def _cp_copies(op: Op, traffic: float, tag: str = "cp_merge") -> Op:
+    """The streaming copy and add kernels a context-parallel attention runs around its attention kernels."""
+    return Op(name=f"{op.name}.{tag}", kind="memory", phase=op.phase, read_bytes=traffic / 2, write_bytes=traffic / 2)
+
+
+@lru_cache(maxsize=64)
+def ring_copy_traffic(cp: int, q: float, kv: float, causal: bool = True) -> tuple[float, float]:
+    """HBM bytes (read + write) of the copies and merges of Transformer Engine's ring attention, per rank.
+
+    Mirrors ``AttnFuncWithCP`` (TE 1.x ``transformer_engine/pytorch/attention.py``; later
+    ``AttnFuncWithCPAndKVP2P``), cuDNN path, ``sbhd`` layout, for a causal mask with the load-balanced chunks
+    (rank r holds chunks r and 2·cp−1−r). ``q`` is the local query (and output) size, ``kv`` the local keys and
+    values. A half-tensor copy reads and writes half the tensor; an in-place add reads two and writes one.
+
+    Forward: ``torch.cat`` of K and V into the first send buffer (2·kv); at steps 1 … r the first half of the
+    arriving KV is made contiguous (kv), at later steps the second half of q (q); the output is zeroed (q) and
+    every step's partial output merged into it by the fused log-sum-exp correction (3·q for a whole step, 1.5·q
+    for a half one). Backward: the KV copy into the first buffer (2·kv); half-KV steps copy half the KV (kv),
+    half-q steps the second halves of q, out and dout (3·q); each step accumulates its dq (copy or add, whole or
+    half) and concatenates and accumulates its dK/dV into the buffer that travels on. The fp32 log-sum-exp
+    bookkeeping (4-8 bytes per token and head against 2·head_dim bytes per token and head of q) is left out.
+    Without a mask every step is whole: no half copies, whole merges and accumulations.
+    Returns the mean over the cp ranks of (forward, backward) traffic.
+    """
+    if not causal:
+        fwd = 2 * kv + q + 3 * q * cp
+        bwd = 2 * kv + (2 * q + 4 * kv) + (cp - 1) * (3 * q + 5 * kv)
+        return fwd, bwd
+    fwd = bwd = 0.0
+    for r in range(cp):
+        fwd += 2 * kv + q
+        fwd += sum(kv if i <= r else q for i in range(1, cp))
+        fwd += sum(3 * q if i <= r else 1.5 * q for i in range(cp))
+        t = cp - r - 1  # from this step on the local queries see whole KV blocks
+        bwd += 2 * kv
+        for i in range(cp):
+            if i < t:  # second half of the queries against a whole KV block
+                bwd += 3 * q + (q if i == 0 else 1.5 * q) + 2 * kv + (2 * kv if i == 0 else 3 * kv)
+                continue
+            if i == t:
+                bwd += 2 * q if r == cp - 1 else 2.5 * q
+            else:
+                bwd += 3 * q
+            if i == cp - 1:  # the diagonal block
+                bwd += 2 * kv + (2.5 * kv if r == 0 else 3 * kv)
+            else:  # all queries against the first half of a KV block
+                bwd += kv + kv + (kv if (i == 0 and r == cp - 1) else 1.5 * kv)
+    return fwd / cp, bwd / cp
+
+
+def _emit_cp_p2p(b: _Builder, op: Op, layout: Layout) -> None:
+    """Ring attention (``cp_comm: p2p``): cp attention steps, each step's KV exchange with the ring neighbours
+    overlapping the previous step's compute; backward circulates KV and its gradient (twice the bytes).
+
+    With a causal mask and load balancing (each rank holds chunks i and 2·cp−1−i of the sequence; Megatron-LM /
+    Transformer Engine), the first step is the local block under the mask and every later one an unmasked half
+    block (all local queries against the earlier chunk of the arriving KV, or the later query chunk against all
+    of it): the same executed FLOPs as cp masked strips, timed on the kernel's curve with and without a mask.
+    The copies and output merges around the steps follow :func:`ring_copy_traffic`.
+    """
+    cp = layout.cp.size
     local = op.seq_q
     if op.causal and op.causal_skip:
         pieces = [op.with_(seq_kv=local)] + [op.with_(seq_kv=max(1, local // 2), causal=False)] * (cp - 1)
     else:
         pieces = [op.with_(seq_kv=local)] * cp
-    kv_bytes = float(ACT_BYTES * 2 * _tokens(layout) * max(1, graph.model.kv_heads // layout.tp.size))
-    kv_bytes *= graph.model.head_dim
-    if op.phase != "fwd":
-        kv_bytes *= 2  # KV and its gradient travel together in backward
+    q, kv = _qkv_bytes(op)
+    kv_bytes = kv if op.phase == "fwd" else 2 * kv  # KV and its gradient travel together in backward
     for i, piece in enumerate(pieces):
         if i < cp - 1:
             b.comm(Comm(f"{op.name}.ring_{i}", "send_recv", layout.cp, kv_bytes, "cp"), join=2)
         b.compute(piece)
+    fwd, bwd = ring_copy_traffic(cp, q, kv, op.causal)
+    b.compute(_cp_copies(op, fwd if op.phase == "fwd" else bwd))
+
+
+def _emit_cp_all_gather(b: _Builder, op: Op, layout: Layout) -> None:
+    """All-gather attention (``cp_comm: all_gather``; Llama 3, Dubey et al. 2024, Sec. 3.3.2; Transformer
+    Engine's ``AttnFuncWithCPAndKVAllGather``): the whole sequence's K and V are gathered before attention
+    (exposed), each of the rank's two query chunks attends to its causal prefix, and backward re-gathers K and V
+    and reduce-scatters their gradient (exposed).
+
+    Rank 0 stands for every rank (each computes the same FLOPs): its chunks see 1 and 2·cp chunks of KV. A chunk
+    against a longer prefix is one bottom-right causal kernel, timed as an unmasked one of equal FLOPs. Copies
+    (from TE's source): reorder of the gathered KV (2·cp·kv), the two half-q copies and output copies (4·q);
+    backward adds zeroing the gathered dK/dV (cp·kv), the reorder before the reduce-scatter (2·cp·kv), the half
+    copies of q and dout and the dq copies (6·q) and the accumulation of each chunk's dK/dV (3 × its prefix).
+    """
+    cp = layout.cp.size
+    c = max(1, op.seq_q // 2)  # one of the rank's two chunks
+    q, kv = _qkv_bytes(op)
+    gathered = cp * kv
+    if op.causal:
+        pieces = [op.with_(seq_q=c, seq_kv=c), op.with_(seq_q=c, seq_kv=2 * cp * c - c // 2, causal=False)]
+        prefix_chunks = 1 + 2 * cp
+    else:
+        pieces = [op.with_(seq_q=c, seq_kv=2 * cp * c)] * 2
+        prefix_chunks = 4 * cp
+    b.comm(Comm(f"{op.name}.kv_all_gather", "all_gather", layout.cp, gathered, "cp"))
+    if op.phase == "fwd":
+        b.compute(_cp_copies(op, 2 * gathered + 4 * q))
+        for piece in pieces:
+            b.compute(piece)
+        return
+    b.compute(_cp_copies(op, 3 * gathered + 6 * q + 1.5 * prefix_chunks * kv))
+    for piece in pieces:
+        b.compute(piece)
+    b.compute(_cp_copies(op, 2 * gathered, "cp_reorder"))
+    b.comm(Comm(f"{op.name}.dkv_reduce_scatter", "reduce_scatter", layout.cp, gathered, "cp"))
+
+
+def _emit_cp_a2a(b: _Builder, op: Op, layout: Layout) -> None:
+    """Ulysses attention (``cp_comm: a2a``; Jacobs et al. 2023, DeepSpeed-Ulysses; Transformer Engine's
+    ``AttnFuncWithCPAndQKVOA2A``): all-to-alls turn sequence-sharded q, k, v into head-sharded ones over the
+    whole sequence, attention runs on heads/cp, and another all-to-all returns the output (backward: dout in,
+    dq, dk, dv out); all exposed. Around every all-to-all TE's ``flash_attn_a2a_communicate`` makes three copies
+    of each tensor (one layout change before it, a layout change and a chunk reorder after it, or the mirror
+    image): 6 bytes of traffic per byte moved.
+    """
+    cp = layout.cp.size
+    q, kv = _qkv_bytes(op)
+    core = op.with_(seq_q=op.seq_q * cp, heads=max(1, op.heads // cp), kv_heads=max(1, op.kv_heads // cp))
+    inputs, outputs = (q + kv, q) if op.phase == "fwd" else (q, q + kv)
+    b.compute(_cp_copies(op, 2 * inputs, "cp_layout"))
+    b.comm(Comm(f"{op.name}.a2a_in", "all_to_all", layout.cp, inputs, "cp"))
+    b.compute(_cp_copies(op, 4 * inputs, "cp_reorder"))
+    b.compute(core)
+    b.compute(_cp_copies(op, 4 * outputs, "cp_layout_out"))
+    b.comm(Comm(f"{op.name}.a2a_out", "all_to_all", layout.cp, outputs, "cp"))
+    b.compute(_cp_copies(op, 2 * outputs))
+
+
+_EMIT_CP = {"p2p": _emit_cp_p2p, "all_gather": _emit_cp_all_gather, "a2a": _emit_cp_a2a}
 
 
 def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:

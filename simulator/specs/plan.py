@@ -14,6 +14,11 @@ FlashAttention-style kernel, the fastest measured on it: FlashAttention-3 on Hop
 ``flash2`` pins FlashAttention-2 (what a stack without FlashAttention-3 or cuDNN attention runs on Hopper);
 ``cudnn`` pins cuDNN's fused attention (what Transformer Engine prefers on Hopper);
 ``unfused`` is the explicit-softmax path Megatron-LM used before FlashAttention (Dao et al. 2022).
+``cp_comm`` is how context parallelism exchanges keys and values (Megatron-Core's ``--cp-comm-type``, Transformer
+Engine's ``cp_comm_type``): ``p2p`` (the default) passes KV blocks around a ring, overlapped with attention
+steps; ``all_gather`` gathers the whole sequence's KV before attention and reduce-scatters its gradient after
+(exposed; Llama 3, Dubey et al. 2024, Sec. 3.3.2); ``a2a`` trades sequence for heads with all-to-alls around
+attention (DeepSpeed-Ulysses, Jacobs et al. 2023), which needs cp to divide the heads of each TP rank.
 ``grad_accum_fusion`` is on: the weight-gradient GEMMs accumulate straight into the gradient buffer across
 micro-batches (Megatron-LM ``--gradient-accumulation-fusion``, the default since 2022, and Megatron-Core's
 ``grad_added_to_main_grad``); off, every micro-batch's backward adds each parameter's fresh 16-bit gradient
@@ -32,6 +37,7 @@ from simulator.specs.calibration import ATTENTION_CLASSES
 
 __all__ = [
     "ATTENTION",
+    "CP_COMM",
     "FREE_KNOBS",
     "GRAD_DTYPES",
     "PRECISIONS",
@@ -47,6 +53,7 @@ RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp8")
 ATTENTION = (*ATTENTION_CLASSES, "unfused")  # the fused kernels with a calibration class, then unfused
 GRAD_DTYPES = ("fp32", "bf16", "fp16")
+CP_COMM = ("p2p", "all_gather", "a2a")
 FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap")
 
 _AUTO = ("auto", "free", "")
@@ -62,6 +69,7 @@ _KNOB_READERS: dict[str, Any] = {
     "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
     "grad_dtype": lambda f, key, default: f.choice(key, GRAD_DTYPES, default),
     "attention": lambda f, key, default: f.choice(key, ATTENTION, default),
+    "cp_comm": lambda f, key, default: f.choice(key, CP_COMM, default),
 }
 
 
@@ -106,6 +114,7 @@ class PlanSpec:
     precision: str = "bf16"
     grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
+    cp_comm: str = "p2p"  # how context parallelism moves KV: p2p ring, all_gather or a2a (module docstring)
     # Tensor parallelism inside the experts (Megatron-Core's --expert-tensor-parallel-size): None is Megatron's
     # default, tp, unless ep does not divide dp·cp; then 1, MoE parallel folding (experts spread over the
     # tp·dp·cp ranks of a stage, Liu et al. 2025, arXiv:2504.14960). 1 or tp.
@@ -124,6 +133,8 @@ class PlanSpec:
                 f"must be 1 or tp ({self.tp}), got {self.expert_tp}",
                 "use 1 (MoE parallel folding) or tp, or leave it out",
             )
+        if self.cp_comm not in CP_COMM:
+            raise SpecError("cp_comm", f"must be one of {', '.join(CP_COMM)}, got {self.cp_comm!r}", "pick one")
         if self.vp is not None and self.vp < 1:
             raise SpecError("vp", f"must be >= 1, got {self.vp}", "use a positive number of chunks")
         if self.micro_batch is not None and self.micro_batch < 1:
@@ -208,6 +219,7 @@ class PlanSpec:
             "precision": g.choice("precision", PRECISIONS, "bf16"),
             "grad_dtype": read_knob(g, "grad_dtype", None),
             "attention": read_knob(g, "attention", "flash"),
+            "cp_comm": read_knob(g, "cp_comm", "p2p"),
             "expert_tp": g.integer("expert_tp", None, minimum=1),
             "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
             "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),

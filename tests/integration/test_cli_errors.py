@@ -157,6 +157,10 @@ ARG_CASES = [
         ["attention", "(did you mean 'unfused'?)"],
     ),
     (
+        ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "8", "--cp-comm", "ring"],
+        ["cp_comm", "'ring'", "p2p, all_gather, a2a"],
+    ),
+    (
         ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--tp", "x", "--global-batch", "8"],
         ["argument --tp", "invalid int value"],
     ),

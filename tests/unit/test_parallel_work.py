@@ -143,6 +143,104 @@ def test_causal_context_parallel_runs_one_masked_block_then_unmasked_half_blocks
     assert sum(op.flops for op in steps) == pytest.approx(whole.flops / 4)
 
 
+def _attention_region(plan: PlanSpec, phase: int) -> list[object]:
+    """The steps of one layer's attention core (its kernels, copies and CP collectives) in program order."""
+    layout = resolve_layout(DENSE, CLUSTER, plan)
+    prog = build_programs(build_graph(DENSE, 1024, 1), layout, (("layer.dense", 1),))[phase]
+    return [s.work for s in prog if s.work.name.startswith("attn.core")]
+
+
+def test_ring_copy_traffic_follows_transformer_engine_for_two_ranks() -> None:
+    """TE's ring attention (AttnFuncWithCP, cuDNN path) at cp=2, counted by hand from its source, per rank.
+
+    Forward, rank 0: cat(k, v) 2kv, the second half of q made contiguous for step 1 (q), zero the output q, merge
+    the diagonal step 3q and the half step 1.5q; rank 1
+    also copies half the arriving KV (kv) and merges two whole steps (6q). Backward, rank 0: copy KV into the
+    send buffer 2kv; step 0 (second half of q against the whole block): halves of q, out, dout 3q, dq copy q, cat
+    dK/dV 2kv, copy 2kv; step 1 (diagonal): dq copy half + add half 2.5q, cat 2kv, add half + copy half 2.5kv.
+    Rank 1: 2kv; step 0 (all q against half KV): kv copy, dq copy 2q, cat kv, copy kv; step 1: dq add 3q, cat
+    2kv, add 3kv."""
+    from simulator.parallel.program import ring_copy_traffic
+
+    q, kv = 1.0, 0.25
+    fwd0 = 2 * kv + q + q + 3 * q + 1.5 * q
+    fwd1 = 2 * kv + q + kv + 6 * q
+    bwd0 = 2 * kv + (3 * q + q + 2 * kv + 2 * kv) + (2.5 * q + 2 * kv + 2.5 * kv)
+    bwd1 = 2 * kv + (kv + 2 * q + kv + kv) + (3 * q + 2 * kv + 3 * kv)
+    fwd, bwd = ring_copy_traffic(2, q, kv)
+    assert fwd == pytest.approx((fwd0 + fwd1) / 2)
+    assert bwd == pytest.approx((bwd0 + bwd1) / 2)
+    # Without a mask every step is whole: more merging, no half copies.
+    assert ring_copy_traffic(2, q, kv, causal=False)[0] > fwd
+
+
+def test_ring_attention_runs_transformer_engines_copies_after_its_steps() -> None:
+    """p2p (the default): cp ring steps, then one streaming op with the copies and merges of TE's ring, forward
+    and backward, timed as elementwise kernels."""
+    region = _attention_region(_plan(cp=2), 0)
+    assert [type(w).__name__ for w in region] == ["Comm", "Op", "Op", "Op"]
+    merge = region[-1]
+    assert merge.name == "attn.core.cp_merge"
+    assert merge.kind == "memory"
+    assert ComputeModel.memory_class(merge) == "elementwise"
+    assert merge.bytes > 0
+    assert _attention_region(_plan(cp=2), 1)[-1].name == "attn.core.bwd.cp_merge"
+
+
+def test_all_gather_context_parallel_gathers_kv_and_reduce_scatters_its_gradient() -> None:
+    """cp_comm all_gather (Llama 3, Sec. 3.3.2; TE AttnFuncWithCPAndKVAllGather): forward all-gathers the whole
+    sequence's K and V (exposed, no ring); backward gathers again and reduce-scatters dK/dV. The rank's two
+    query chunks run against their causal prefixes: the same FLOPs as the ring."""
+    plan = _plan(cp=4, seq_len=1024, cp_comm="all_gather")
+    fwd, bwd = _attention_region(plan, 0), _attention_region(plan, 1)
+    kv_local = 2 * 2 * (1024 // 4) * 8 * 64
+    fwd_comms = [w for w in fwd if isinstance(w, Comm)]
+    bwd_comms = [w for w in bwd if isinstance(w, Comm)]
+    assert [(c.collective, c.size_bytes) for c in fwd_comms] == [("all_gather", 4 * kv_local)]
+    assert [c.collective for c in bwd_comms] == ["all_gather", "reduce_scatter"]
+    ring = [w for w in _attention_region(_plan(cp=4, seq_len=1024), 0) if isinstance(w, Op) and w.kind == "attention"]
+    kernels = [w for w in fwd if isinstance(w, Op) and w.kind == "attention"]
+    assert len(kernels) == 2
+    assert sum(k.flops for k in kernels) == pytest.approx(sum(k.flops for k in ring), rel=0.01)
+
+
+def test_a2a_context_parallel_trades_sequence_for_heads() -> None:
+    """cp_comm a2a (DeepSpeed-Ulysses; TE AttnFuncWithCPAndQKVOA2A): all-to-alls of q, k, v in and of the output
+    out; one attention kernel over the whole sequence on heads/cp; the FLOPs per rank are the same."""
+    plan = _plan(cp=2, cp_comm="a2a")
+    fwd = _attention_region(plan, 0)
+    comms = [w for w in fwd if isinstance(w, Comm)]
+    assert [c.collective for c in comms] == ["all_to_all", "all_to_all"]
+    q = 2 * (1024 // 2) * 16 * 64
+    kv = 2 * 2 * (1024 // 2) * 8 * 64
+    assert [c.size_bytes for c in comms] == [q + kv, q]
+    (core,) = [w for w in fwd if isinstance(w, Op) and w.kind == "attention"]
+    assert (core.seq_q, core.seq_kv, core.heads, core.kv_heads) == (1024, 1024, 8, 4)
+    whole = next(op for op in build_graph(DENSE, 1024, 1).block("layer.dense").forward if op.kind == "attention")
+    assert core.flops == pytest.approx(whole.flops / 2)
+    bwd_comms = [w for w in _attention_region(plan, 1) if isinstance(w, Comm)]
+    assert [c.size_bytes for c in bwd_comms] == [q, q + kv]
+
+
+def test_a2a_context_parallel_needs_cp_to_divide_the_heads_of_a_tp_rank() -> None:
+    """Ulysses scatters heads over the CP ranks: 8 KV heads over tp 4 leaves 2 per rank, which cp 4 cannot
+    split; the plan is infeasible with a reason that names the fix."""
+    with pytest.raises(InfeasiblePlanError, match="cp_comm a2a needs 'cp' to divide"):
+        resolve_layout(DENSE, CLUSTER, _plan(tp=4, cp=4, cp_comm="a2a", seq_len=1024))
+    with pytest.raises(SpecError, match="cp_comm"):
+        _plan(cp_comm="ring")
+
+
+def test_cp_comm_choice_moves_the_step_the_way_its_collectives_do() -> None:
+    """Exposed KV all-gathers cost time a ring hides: on a slow CP link all_gather is slower than p2p."""
+    slow = replace(CLUSTER, nvlink_bandwidth_bytes_per_s=5e9)
+    p2p = _sim(DENSE, _plan(cp=2), slow)
+    ag = _sim(DENSE, _plan(cp=2, cp_comm="all_gather"), slow)
+    assert p2p.feasible
+    assert ag.feasible
+    assert ag.breakdown["cp_exposed_s"] > p2p.breakdown["cp_exposed_s"]
+
+
 def _accumulations(plan: PlanSpec) -> list[object]:
     layout = resolve_layout(DENSE, CLUSTER, plan)
     bwd = build_programs(build_graph(DENSE, 1024, 1), layout, (("layer.dense", 2),))[1]

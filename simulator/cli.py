@@ -199,10 +199,12 @@ def _result_table(r: Any) -> str:
     if r.chosen:
         lines.append("chosen: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in r.chosen.items()))
     block = "" if p.recompute_layers is None else f" recompute_layers={p.recompute_layers}"
+    cp_comm = f" cp_comm={p.cp_comm}" if p.cp > 1 else ""
     lines.append(
         f"layout: micro_batch={p.micro_batch} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
         f"recompute={p.recompute}{block} zero={p.zero_stage} "
         f"sequence_parallel={_fmt_value(p.sequence_parallel if p.sequence_parallel is not None else p.tp > 1)}"
+        f"{cp_comm}"
     )
     if r.breakdown:
         lines.append("")

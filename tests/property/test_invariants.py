@@ -35,7 +35,8 @@ layouts = st.fixed_dictionaries(
         "tp": st.sampled_from([1, 2, 4, 8]),
         "pp": st.sampled_from([1, 2, 4]),
         "dp": st.sampled_from([1, 2, 4, 16]),
-        "cp": st.sampled_from([1, 2]),
+        "cp": st.sampled_from([1, 2, 4]),
+        "cp_comm": st.sampled_from(["p2p", "all_gather", "a2a"]),
         "micro_batch": st.sampled_from([1, 2]),
         "m": st.sampled_from([1, 2, 4, 8]),
         "recompute": st.sampled_from(["none", "selective", "full"]),
@@ -43,6 +44,9 @@ layouts = st.fixed_dictionaries(
         "grad_overlap": st.booleans(),
         "schedule": st.sampled_from(["1f1b", "gpipe", "zb_h1"]),
     }
+).filter(
+    # Ulysses (a2a) CP needs cp to divide each TP rank's query and KV heads; other plans always fit this model.
+    lambda d: d["cp_comm"] != "a2a" or (MODEL.heads // d["tp"] % d["cp"] == 0 and max(1, 8 // d["tp"]) % d["cp"] == 0)
 )
 
 
@@ -52,6 +56,7 @@ def _plan(d: dict) -> PlanSpec:
         pp=d["pp"],
         dp=d["dp"],
         cp=d["cp"],
+        cp_comm=d["cp_comm"],
         micro_batch=d["micro_batch"],
         global_batch=d["micro_batch"] * d["dp"] * d["m"],
         recompute=d["recompute"],

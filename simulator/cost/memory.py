@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
-from simulator.parallel.program import chunk_params, local_act_bytes, local_params
+from simulator.parallel.program import chunk_params, cp_output_copy_bytes, local_act_bytes, local_params
 from simulator.parallel.schedule import Task, in_flight
 from simulator.parallel.stages import Chunk
 from simulator.units import GIB, fmt_bytes
@@ -120,11 +120,14 @@ def _chunk_activations(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple
                 working = max(working, full)
         elif name.startswith("layer.") and layout.recompute == "selective":
             # The recomputed attention core still needs Q, K and V; what it alone keeps is dropped:
-            # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused).
+            # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused), and the extra
+            # output copy of all-gather or all-to-all context parallelism.
             dropped = sum(local_act_bytes(op, layout) for op in ops if op.name in ("attn.softmax", "attn.dropout"))
             # Per rank the attention core has ceil(heads/tp) heads and ceil(seq_q/cp) queries (shard_op).
             dropped += sum(
-                4.0 * op.batch * -(-op.heads // tp) * -(-op.seq_q // cp) for op in ops if op.kind == "attention"
+                4.0 * op.batch * -(-op.heads // tp) * -(-op.seq_q // cp) + cp_output_copy_bytes(op, layout)
+                for op in ops
+                if op.kind == "attention"
             )
             kept += (full - dropped) * count
         else:

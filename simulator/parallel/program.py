@@ -44,6 +44,7 @@ __all__ = [
     "Step",
     "build_programs",
     "chunk_params",
+    "cp_output_copy_bytes",
     "fp8_gemm",
     "local_act_bytes",
     "local_params",
@@ -146,7 +147,21 @@ def local_act_bytes(op: Op, layout: Layout) -> float:
     act = op.act_bytes / (layout.cp.size * (tp if act_split else 1))
     if op.kind == "gemm" and fp8_gemm(op, layout):
         act /= 2  # Transformer Engine keeps the FP8 copy of a GEMM input for the backward pass (1 byte)
-    return act
+    return act + cp_output_copy_bytes(op, layout)
+
+
+def cp_output_copy_bytes(op: Op, layout: Layout) -> float:
+    """The second copy of the attention output that all-gather and all-to-all context parallelism keep.
+
+    Transformer Engine's ``AttnFuncWithCPAndKVAllGather`` saves each query chunk's partial output besides the
+    output it returns (which the projection GEMM keeps), and ``AttnFuncWithCPAndQKVOA2A`` saves the
+    head-sharded output from before the closing all-to-all; the ring (``p2p``) saves the output it returns.
+    One rank's local output: 16-bit, its tokens over cp, its heads over tp. Zero for other ops.
+    """
+    if op.kind != "attention" or layout.cp.size == 1 or layout.plan.cp_comm == "p2p":
+        return 0.0
+    heads = _ceil(op.heads, layout.tp.size)
+    return float(ACT_BYTES * op.batch * _ceil(op.seq_q, layout.cp.size) * heads * op.head_dim)
 
 
 def local_params(op: Op, layout: Layout) -> int:

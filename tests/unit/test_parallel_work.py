@@ -231,6 +231,18 @@ def test_a2a_context_parallel_needs_cp_to_divide_the_heads_of_a_tp_rank() -> Non
         _plan(cp_comm="ring")
 
 
+def test_all_gather_and_a2a_context_parallelism_keep_a_second_output_copy() -> None:
+    """TE's all-gather CP saves each query chunk's partial output and its all-to-all CP the head-sharded output,
+    besides the output the projection GEMM keeps: one more local output per layer (16-bit, tokens/cp, heads/tp)
+    than the ring; selective recomputation recomputes the core and drops it again."""
+    local_out = 2 * 1 * (1024 // 2) * (16 // 2) * 64
+    acts = {c: _sim(DENSE, _plan(tp=2, cp=2, cp_comm=c)).memory[0].activations for c in ("p2p", "all_gather", "a2a")}
+    assert acts["all_gather"] - acts["p2p"] == pytest.approx(DENSE.layers * local_out)
+    assert acts["a2a"] == pytest.approx(acts["all_gather"])
+    sel = {c: _sim(DENSE, _plan(tp=2, cp=2, cp_comm=c, recompute="selective")) for c in ("p2p", "all_gather")}
+    assert sel["all_gather"].memory[0].activations == pytest.approx(sel["p2p"].memory[0].activations)
+
+
 def test_cp_comm_choice_moves_the_step_the_way_its_collectives_do() -> None:
     """Exposed KV all-gathers cost time a ring hides: on a slow CP link all_gather is slower than p2p."""
     slow = replace(CLUSTER, nvlink_bandwidth_bytes_per_s=5e9)

@@ -69,6 +69,11 @@ SCENARIOS: dict[str, tuple[ModelSpec, str, PlanSpec]] = {
     "dense_1f1b_pp2_a100": (DENSE, "dgx-a100-80g", PlanSpec(tp=2, pp=2, dp=2, global_batch=16, vp=1, **_FIXED)),
     "dense_interleaved_vp2_h100": (DENSE, "dgx-h100", PlanSpec(tp=2, pp=2, dp=1, global_batch=8, vp=2, **_FIXED)),
     "dense_cp2_h100": (DENSE, "dgx-h100", PlanSpec(tp=2, cp=2, dp=2, global_batch=8, seq_len=8192, vp=1, **_FIXED)),
+    "dense_cp4_all_gather_h100": (
+        DENSE,
+        "dgx-h100",
+        PlanSpec(tp=2, cp=4, dp=2, cp_comm="all_gather", global_batch=8, seq_len=8192, vp=1, **_FIXED),
+    ),
     "moe_ep2_h100": (MOE, "dgx-h100", PlanSpec(pp=2, dp=4, ep=2, global_batch=16, vp=1, **_FIXED)),
     "gpt_zero3_full_recompute_a100": (
         GPT,

@@ -160,6 +160,7 @@ def cp_output_copy_bytes(op: Op, layout: Layout) -> float:
     """
     if op.kind != "attention" or layout.cp.size == 1 or layout.plan.cp_comm == "p2p":
         return 0.0
+    # The split shard_op makes (which cannot be called here: shard_op calls local_act_bytes).
     heads = _ceil(op.heads, layout.tp.size)
     return float(ACT_BYTES * op.batch * _ceil(op.seq_q, layout.cp.size) * heads * op.head_dim)
 
@@ -381,12 +382,12 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
             if ag is not None:
                 b.comm(ag, join=fwd_overlap if op.kind == "gemm" and layout.tp_overlap else 1)
         if op.name in ("moe.permute",) and layout.ep.size > 1:
-            _emit_compute(b, op, layout, graph)
+            _emit_compute(b, op, layout)
             b.comm(_a2a(layout, graph, f"{block}.dispatch"))
             continue
         if op.name == "moe.unpermute" and layout.ep.size > 1:
             b.comm(_a2a(layout, graph, f"{block}.combine"))
-        _emit_compute(b, op, layout, graph)
+        _emit_compute(b, op, layout)
         end = ends.get(op.name)
         if end is not None and not (op.name == "moe.unpermute" and shared_after_unpermute):
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}")
@@ -428,7 +429,7 @@ def _fp8_cast(op: Op) -> Op | None:
     )
 
 
-def _emit_compute(b: _Builder, op: Op, layout: Layout, graph: ModelGraph) -> None:
+def _emit_compute(b: _Builder, op: Op, layout: Layout) -> None:
     """One compute op; with cp > 1 the attention core runs as the plan's context-parallel exchange."""
     if op.kind == "attention" and layout.cp.size > 1:
         _EMIT_CP[layout.plan.cp_comm](b, op, layout)
@@ -599,7 +600,7 @@ def _emit_recompute(b: _Builder, block: str, f_ops: list[Op], layout: Layout, gr
             if op.kind == "attention" or op.name.startswith(
                 ("attn.scores", "attn.softmax", "attn.dropout", "attn.context")
             ):
-                _emit_compute(b, op.with_(act_bytes=0.0), layout, graph)
+                _emit_compute(b, op.with_(act_bytes=0.0), layout)
 
 
 # Backward TP collectives: before the first op of a region's backward (SP all-gather of the incoming
@@ -646,7 +647,7 @@ def _emit_backward(
             if ag is not None and region != "head":
                 b.comm(ag, join=2 if layout.tp_overlap else 1)
         if op.name == "moe.unpermute.bwd" and layout.ep.size > 1:
-            _emit_compute(b, op, layout, graph)
+            _emit_compute(b, op, layout)
             b.comm(_a2a(layout, graph, f"{block}.combine.bwd"))
             continue
         if op.name == "moe.permute.bwd" and layout.ep.size > 1:
@@ -658,7 +659,7 @@ def _emit_backward(
             ag, _, _ = _tp_comms(layout, h, f"{block}.{op.name}.input")
             if ag is not None:
                 b.comm(ag, join=2)  # joined by the weight-gradient GEMM right after the dgrad
-        _emit_compute(b, op, layout, graph)
+        _emit_compute(b, op, layout)
         end = ends.get(op.name)
         if end is not None:
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}.bwd")

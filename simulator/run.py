@@ -42,7 +42,14 @@ DEFAULT_OVERLAP_SLOWDOWN = 0.189
 # (megatron/core/distributed/distributed_data_parallel.py).
 BUCKET_PARAMS_MIN = 40_000_000
 BUCKET_PARAMS_PER_DP = 1_000_000
+# A guard, not physics: at most this many gradient buckets per chunk. Only a chunk of over 4·10^12 parameters
+# (at the 40M-parameter minimum bucket) reaches it; the largest of the validation files has 254. Beyond it the
+# buckets grow instead, so a mistyped size (vocab 1e30) still gives an answer instead of a list of 10^25 buckets.
+GRAD_BUCKETS_MAX = 100_000
 MICRO_BATCH_CANDIDATES_MAX = 16
+# From this many partial-recomputation settings on, the search bisects over them instead of trying each in
+# turn (_first_fitting_recompute); below it, a linear scan costs no more. Same answer either way.
+PARTIAL_RECOMPUTE_BISECT_MIN = 4
 # Relative margin by which a candidate's lower bound must exceed the fastest step found before the free-knob
 # search skips it: the bound sums the same durations in another order, so it may round a few ulps high.
 BOUND_SLACK = 1e-9
@@ -309,9 +316,21 @@ def _first_fitting_recompute(
     model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec
 ) -> StepResult | _Prepared | None:
     """The candidate with the least recomputation that fits, prepared for the engine; else the last
-    (infeasible) memory-only result, or None when no recompute setting gives a runnable plan."""
+    (infeasible) memory-only result, or None when no recompute setting gives a runnable plan.
+
+    Recomputing the first n layers of every chunk keeps n layer inputs where n layers' activations were, and a
+    layer input is one of the tensors a layer keeps: no stage needs more memory at n + 1 than at n. So once
+    none and selective recomputation have not fitted, the fewest layers that fit are found by bisection over
+    n (memory only, :func:`_fits`) instead of by trying every n in turn, which is quadratic in depth.
+    """
+    options = _recompute_options(model, candidate)
+    partial = [i for i, (rc, n) in enumerate(options) if rc == "full" and n is not None]
     last: StepResult | None = None
-    for rc, layers in _recompute_options(model, candidate):
+    i = 0
+    while i < len(options):
+        if len(partial) >= PARTIAL_RECOMPUTE_BISECT_MIN and i == partial[0]:
+            i = _first_fitting_partial(model, cluster, candidate, options, i, partial[-1] + 1)
+        rc, layers = options[i]
         trial = replace(candidate, recompute=rc, recompute_layers=layers)
         chosen = {k: getattr(trial, k) for k in original.free_knobs}
         if layers is not None and original.recompute is None:
@@ -323,7 +342,46 @@ def _first_fitting_recompute(
         if isinstance(got, _Prepared):
             return got
         last = got
+        i += 1
     return last
+
+
+def _first_fitting_partial(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    candidate: PlanSpec,
+    options: list[tuple[str, int | None]],
+    start: int,
+    stop: int,
+) -> int:
+    """The index of the first of ``options[start:stop]`` (partial recomputation, ascending n) that fits, or
+    ``stop`` when none does; ``start`` when some probe is not a runnable plan (the caller then tries every n
+    and reports it as it would have)."""
+    lo, hi = start, stop
+    while lo < hi:
+        mid = (lo + hi) // 2
+        rc, n = options[mid]
+        fits = _fits(model, cluster, replace(candidate, recompute=rc, recompute_layers=n))
+        if fits is None:
+            return start
+        if fits:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _fits(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> bool | None:
+    """Whether ``plan`` fits in every stage's memory; None when it is not a runnable plan."""
+    try:
+        layout = resolve_layout(model, cluster, plan)
+        graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
+        chunks = partition(graph, plan.pp, layout.vp)
+        orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
+    except InfeasiblePlanError:
+        return None
+    capacity = cluster.device.hbm_bytes
+    return all(stage_memory(graph, layout, chunks[s], orders[s], capacity).over <= 0 for s in range(plan.pp))
 
 
 # -- one fully specified plan ------------------------------------------------------------------------------
@@ -515,7 +573,7 @@ def _grad_buckets(
     for params, group in ((dense, layout.dp), (expert, layout.edp)):
         if params <= 0 or group.size <= 1:
             continue
-        n = max(1, math.ceil(params / bucket_params))
+        n = min(max(1, math.ceil(params / bucket_params)), GRAD_BUCKETS_MAX)
         size = grad_b * params / n
         t = comm.time(Comm("grad_bucket", collective, group, size, "dp"))
         out += [t] * n

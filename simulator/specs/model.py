@@ -16,11 +16,14 @@ from typing import Any
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields
 
-__all__ = ["ACTIVATIONS", "NORMS", "POSITION_EMBEDDINGS", "MoESpec", "ModelSpec"]
+__all__ = ["ACTIVATIONS", "MAX_LAYERS", "NORMS", "POSITION_EMBEDDINGS", "MoESpec", "ModelSpec"]
 
 ACTIVATIONS = ("gelu", "relu", "squared_relu", "silu", "swiglu", "geglu")
 NORMS = ("layernorm", "rmsnorm")
 POSITION_EMBEDDINGS = ("learned", "rope", "alibi", "none")
+# A guard, not physics: the deepest model the simulator builds. Every decoder layer is a node of the graph and
+# of each pipeline chunk, so cost grows with depth; published transformers have at most a few hundred layers.
+MAX_LAYERS = 10_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +109,22 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+            value = getattr(self, name)
+            if value < 1:
+                raise SpecError(name, f"'{name}' must be >= 1, got {value}", f"give {name} as a positive whole number")
+        if self.layers > MAX_LAYERS:
+            raise SpecError(
+                "layers",
+                f"'layers' must be at most {MAX_LAYERS:,}, got {self.layers:,}",
+                "the simulator builds every decoder layer; give the model's real depth",
+            )
+        for name in ("kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if value < 0:
+                raise SpecError(
+                    name, f"'{name}' must be >= 0, got {value}", f"give a positive {name}, or 0 for the default"
+                )
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim == 0:

@@ -332,3 +332,20 @@ def test_unfused_softmax_is_timed_as_a_row_reduction_like_layernorm() -> None:
     block = build_graph(load_model("gpt3-175b"), 2048, 1, "unfused").block("layer.dense")
     classes = {op.name: ComputeModel.memory_class(op) for op in block.forward + block.backward if op.kind == "memory"}
     assert classes["attn.softmax"] == classes["attn.softmax.bwd"] == classes["ln1"] == "norm"
+
+
+@pytest.mark.parametrize("hbm_gib", [32, 35, 38, 42, 46])
+def test_partial_recompute_search_finds_the_fewest_layers_a_linear_scan_would(hbm_gib: int) -> None:
+    """The free-knob search bisects over Megatron's ``--recompute-num-layers`` (memory falls as n grows) and
+    must choose what trying none, selective, then n = 1, 2, ... in turn would: the first setting that fits."""
+    model = ModelSpec(name="deep", layers=24, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000, seq_len=4096)
+    cluster = load_cluster("dgx-a100-80g", device_overrides={"hbm_gib": hbm_gib})
+    plan = PlanSpec(global_batch=4, micro_batch=4, vp=1, grad_overlap=True)
+    order = [("none", None), ("selective", None), *(("full", n) for n in range(1, 24)), ("full", None)]
+    first = next(
+        (rc, n) for rc, n in order if simulate(model, cluster, plan.with_(recompute=rc, recompute_layers=n)).feasible
+    )
+    r = simulate(model, cluster, plan)
+    assert r.feasible
+    assert (r.chosen["recompute"], r.chosen.get("recompute_layers")) == first
+    assert first[1] is not None  # these capacities need partial recomputation, the case that is bisected

@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 
 from simulator.errors import SpecError
+from simulator.parallel.layout import MAX_MICRO_BATCHES
 from simulator.run import simulate
 from simulator.specs import PlanSpec, load_cluster, load_model
+from simulator.specs.model import MAX_LAYERS
 from simulator.validate import load_stacks, validate_frame
 
 STACKS = Path(__file__).resolve().parents[2] / "data" / "validation" / "software_stacks.yaml"
@@ -225,3 +227,39 @@ def test_an_empty_architecture_cell_makes_the_row_invalid_and_names_the_cell(col
     assert f"row 3 (r2): {column}" in bad["reason"]
     assert "is empty" in bad["reason"]
     assert report.summary["invalid"] == 1
+
+
+@pytest.mark.parametrize("column", ["layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"])
+@pytest.mark.parametrize("value", [0, -2])
+def test_a_size_below_one_makes_the_row_invalid_and_names_the_cell(column: str, value: int) -> None:
+    """Found by fuzzing the validator: heads 0 divided by zero instead of naming the cell."""
+    report = validate_frame(pd.DataFrame([_row(), _row(run_id="r2", **{column: value})]), "f.csv")
+    good, bad = report.rows
+    assert good["feasible"]
+    assert bad["invalid"]
+    assert f"row 3 (r2): {column}: '{column}' must be >= 1, got {value}" in bad["reason"]
+
+
+def test_an_absurd_size_in_a_fully_stated_row_is_an_out_of_memory_answer() -> None:
+    """Found by fuzzing: a mistyped vocabulary (1e30) in a row with every knob stated ran the engine on 10^25
+    gradient buckets and overflowed; now the buckets are capped and the row is an infeasible answer."""
+    report = validate_frame(pd.DataFrame([_row(run_id="r2", vocab="1e30", grad_overlap=True, vp=1)]), "f.csv")
+    (row,) = report.rows
+    assert not row["invalid"]
+    assert not row["feasible"]
+    assert row["reason"].startswith("out of memory: stage 0 needs")
+
+
+def test_a_mistyped_depth_or_batch_is_an_answer_not_a_hang() -> None:
+    """Found by fuzzing: 1e30 layers or a 1e30 global batch made the simulator build that many layers or
+    micro-batches until memory ran out. Depth over MAX_LAYERS is bad input; more micro-batches per step than
+    MAX_MICRO_BATCHES is a plan the engine declines, with the reason."""
+    frame = pd.DataFrame(
+        [_row(run_id="r2", layers="1e30"), _row(run_id="r3", global_batch=8 * (MAX_MICRO_BATCHES + 1))]
+    )
+    deep, long = validate_frame(frame, "f.csv").rows
+    assert deep["invalid"]
+    assert f"layers: 'layers' must be at most {MAX_LAYERS:,}" in deep["reason"]
+    assert not long["invalid"]
+    assert not long["feasible"]
+    assert f"{MAX_MICRO_BATCHES + 1:,} micro-batches per step" in long["reason"]

@@ -87,7 +87,9 @@ _NEOX_KEYS = {"kv_heads": "num_attention_heads", "heads": "num_attention_heads"}
 
 
 def _respec(err: SpecError, f: Fields, keys: dict[str, str]) -> SpecError:
-    """A ModelSpec error re-located at the config.json key that caused it."""
+    """A ModelSpec error re-located at the config.json key that caused it (a reader's own error already is)."""
+    if err.where.startswith(f"{f.where}: "):
+        return err
     return SpecError(f"{f.where}: {keys.get(err.where, err.where)}", err.what, err.fix)
 
 
@@ -103,7 +105,7 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
     if act not in _GATED_ACTS:
         raise f.error("hidden_act", f"unsupported activation {act!r} for a gated MLP", "use silu or gelu")
     moe = _moe(f, model_type)
-    ffn = f.integer("intermediate_size", 0 if moe is not None else None, minimum=1)
+    ffn = f.integer("intermediate_size", 0, minimum=1) if moe is not None else f.integer("intermediate_size", minimum=1)
     if moe is not None and not ffn:
         ffn = moe.expert_ffn_hidden
     bias = bool(f.raw("attention_bias", False)) and bool(f.raw("mlp_bias", False))

@@ -287,6 +287,9 @@ BAD = [
     ({**MIXTRAL_8X7B, "num_experts_per_tok": 9}, "num_experts_per_tok", "must be <= the number of experts"),
     ({**GPT2, "n_head": 0}, "n_head", "must be >= 1, got 0"),
     ({"model_type": "t5", "d_model": 512}, "model_type", "unsupported model_type 't5'"),
+    # Found by fuzzing: a null intermediate_size of a dense model reached ModelSpec as None (a TypeError).
+    ({**LLAMA3_8B, "intermediate_size": None}, "intermediate_size", "is required but missing"),
+    ({**LLAMA3_8B, "vocab_size": "abc"}, "vocab_size", "must be a whole number, got the text 'abc'"),
 ]
 
 
@@ -297,6 +300,7 @@ def test_bad_configs_name_the_key(cfg: dict, where: str, what: str) -> None:
         model_from_hf_config(cfg, "cfg/config.json", name="m")
     err = info.value
     assert err.where.startswith("cfg/config.json")
+    assert err.where.count("cfg/config.json") == 1  # a reader's error is not re-prefixed with the file
     assert where in err.where or where in err.what
     assert what in err.what
     assert err.fix

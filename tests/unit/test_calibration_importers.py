@@ -48,6 +48,39 @@ def test_vidur_network_rows_have_scope_and_sizes() -> None:
     assert 100e9 < busbw < 300e9  # NVLink 3 all-reduce bus bandwidth on a DGX A100
 
 
+def _broken_copy(src: Path, dst: Path, line: int, old: str, new: str) -> Path:
+    lines = src.read_text().splitlines()
+    assert old in lines[line - 1]
+    lines[line - 1] = lines[line - 1].replace(old, new, 1)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("\n".join(lines) + "\n")
+    return dst
+
+
+def test_malformed_vidur_files_name_the_line_column_and_value(tmp_path: Path) -> None:
+    """Found by fuzzing: a text cell, an empty file or an unknown collective in a Vidur CSV raised ValueError,
+    TypeError or KeyError from pandas; each is now a CalibrationError that says where and what."""
+    mlp = DATA / "vidur" / "compute" / "a100" / "Llama-2-7b-hf" / "mlp.csv"
+    header = mlp.read_text().splitlines()[0].split(",")
+    col = header.index("num_tokens")
+    cells = mlp.read_text().splitlines()[2].split(",")
+    cells[col] = "12x"
+    bad = tmp_path / "compute" / "a100" / "m" / "mlp.csv"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("\n".join([",".join(header), mlp.read_text().splitlines()[1], ",".join(cells)]) + "\n")
+    with pytest.raises(CalibrationError, match="line 3, column 'num_tokens': expected a number, got '12x'"):
+        import_vidur_compute(bad)
+    empty = tmp_path / "empty" / "x" / "mlp.csv"
+    empty.parent.mkdir(parents=True)
+    empty.write_text("")
+    with pytest.raises(CalibrationError, match="cannot read as CSV"):
+        import_vidur_compute(empty)
+    net = DATA / "vidur" / "network" / "a100_dgx" / "all_reduce.csv"
+    broken = _broken_copy(net, tmp_path / "network" / "a100_dgx" / "all_reduce.csv", 2, "all_reduce", "allreduce")
+    with pytest.raises(CalibrationError, match="line 2, column 'collective': 'allreduce' has no"):
+        import_vidur_network(broken)
+
+
 def test_vtrain_table_matches_its_documented_check() -> None:
     rows = import_vtrain_table(DATA / "vtrain" / "a100_all_reduce_8gpu.txt")
     gib = next(r for r in rows if r.bytes == 2**30)

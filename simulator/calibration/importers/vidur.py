@@ -97,15 +97,37 @@ def _memory_bytes(op: str, row: pd.Series) -> float | None:
     return None
 
 
+def _read(path: Path, what: str) -> pd.DataFrame:
+    """The CSV at ``path``, or a CalibrationError that says why it cannot be read."""
+    try:
+        return pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise CalibrationError(f"{path}: cannot read as CSV ({err}); give {what}") from None
+
+
+def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool) -> None:
+    """Make ``columns`` numeric in place; a cell that is not a number (or, when ``required``, an empty one)
+    is a CalibrationError naming the file's line, the column and the value."""
+    for col in columns:
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = values.isna() & (df[col].notna() | required)
+        if bad.any():
+            pos = int(bad.to_numpy().argmax())
+            raise CalibrationError(
+                f"{path}: line {pos + 2}, column {col!r}: expected a number, got {df[col].iloc[pos]!r}; "
+                "fix the cell or remove the line"
+            )
+        df[col] = values
+
+
 def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurement]:
     """Rows from one ``mlp.csv`` (GEMMs and memory-bound operators)."""
-    try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as err:
-        raise CalibrationError(f"{path}: cannot read as CSV ({err}); give a Vidur mlp.csv") from None
+    df = _read(path, "a Vidur mlp.csv")
     missing = [c for c in _SHAPE_COLUMNS if c not in df.columns]
     if missing:
         raise CalibrationError(f"{path}: missing column(s) {', '.join(missing)}; is this a Vidur mlp.csv?")
+    _numbers(df, path, [c for c in _SHAPE_COLUMNS if c != "use_gated_mlp"], required=True)
+    _numbers(df, path, [c for c in df.columns if c.startswith("time_stats.")], required=False)
     gpu = path.parent.parent.name
     device = device or DEVICES.get(gpu, gpu)
     ops = sorted({c.split(".")[1] for c in df.columns if c.startswith("time_stats.") and c.endswith(".median")})
@@ -149,13 +171,18 @@ def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurem
 
 def import_vidur_network(path: Path, device: str | None = None) -> list[Measurement]:
     """Rows from one ``all_reduce.csv`` or ``send_recv.csv``."""
-    try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError) as err:
-        raise CalibrationError(f"{path}: cannot read as CSV ({err}); give a Vidur network CSV") from None
+    df = _read(path, "a Vidur network CSV")
     for col in ("size", "num_workers", "devices_per_node", "collective"):
         if col not in df.columns:
             raise CalibrationError(f"{path}: missing column {col!r}; is this a Vidur all_reduce/send_recv CSV?")
+    _numbers(df, path, ["size", "num_workers", "devices_per_node"], required=True)
+    _numbers(df, path, [c for c in df.columns if c.startswith("time_stats.")], required=False)
+    for pos, name in enumerate(df["collective"]):
+        if f"time_stats.{name}.median" not in df.columns:
+            raise CalibrationError(
+                f"{path}: line {pos + 2}, column 'collective': {name!r} has no time_stats.{name}.median column; "
+                "fix the cell or remove the line"
+            )
     node = path.parent.name
     device = device or DEVICES.get(node, node)
     source = f"microsoft/vidur data/profiling/network/{node}/{path.name}"

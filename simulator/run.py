@@ -22,7 +22,7 @@ from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import Comm, Program, build_programs, chunk_params
-from simulator.parallel.schedule import generate
+from simulator.parallel.schedule import Task, generate
 from simulator.parallel.stages import Chunk, partition
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec
@@ -374,14 +374,30 @@ def _first_fitting_partial(
 def _fits(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> bool | None:
     """Whether ``plan`` fits in every stage's memory; None when it is not a runnable plan."""
     try:
-        layout = resolve_layout(model, cluster, plan)
-        graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
-        chunks = partition(graph, plan.pp, layout.vp)
-        orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
+        *_, memory = _layout_memory(model, cluster, plan)
     except InfeasiblePlanError:
         return None
+    return all(m.over <= 0 for m in memory)
+
+
+def _layout_memory(
+    model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec
+) -> tuple[Layout, ModelGraph, tuple[tuple[Chunk, ...], ...], tuple[tuple[Task, ...], ...], tuple[StageMemory, ...]]:
+    """A plan's layout, graph, pipeline chunks, schedule orders and per-stage memory: what the search needs to
+    know whether it fits, and the engine's input is built from.
+
+    Raises
+    ------
+    InfeasiblePlanError
+        When the plan cannot be laid out or scheduled.
+    """
+    layout = resolve_layout(model, cluster, plan)
+    graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
+    chunks = partition(graph, plan.pp, layout.vp)
+    orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     capacity = cluster.device.hbm_bytes
-    return all(stage_memory(graph, layout, chunks[s], orders[s], capacity).over <= 0 for s in range(plan.pp))
+    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity) for s in range(plan.pp))
+    return layout, graph, chunks, orders, memory
 
 
 # -- one fully specified plan ------------------------------------------------------------------------------
@@ -422,14 +438,9 @@ def _prepare(
 
     Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``.
     """
-    layout = resolve_layout(model, cluster, plan)
+    layout, graph, chunks, orders, memory = _layout_memory(model, cluster, plan)
     if plan.expert_tp is None and layout.experts_folded:
         chosen = {**chosen, "expert_tp": layout.etp}  # MoE parallel folding was the only way to place ep
-    graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
-    chunks = partition(graph, plan.pp, layout.vp)
-    orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
-    capacity = cluster.device.hbm_bytes
-    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity) for s in range(plan.pp))
     over = [m for m in memory if m.over > 0]
     reason = ""
     if over:

@@ -22,7 +22,7 @@ from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import Comm, Program, build_programs, chunk_params
-from simulator.parallel.schedule import Task, generate
+from simulator.parallel.schedule import Task, generate, stage_in_flight
 from simulator.parallel.stages import Chunk, partition
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec
@@ -394,9 +394,11 @@ def _layout_memory(
     layout = resolve_layout(model, cluster, plan)
     graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
     chunks = partition(graph, plan.pp, layout.vp)
-    orders = generate(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
+    key = (layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
+    orders = generate(*key)
+    live = stage_in_flight(*key)
     capacity = cluster.device.hbm_bytes
-    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity) for s in range(plan.pp))
+    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity, live[s]) for s in range(plan.pp))
     return layout, graph, chunks, orders, memory
 
 

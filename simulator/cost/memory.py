@@ -141,8 +141,10 @@ def stage_memory(
     chunks: tuple[Chunk, ...],
     order: tuple[Task, ...],
     capacity: float,
+    live: tuple[int, ...] | None = None,
 ) -> StageMemory:
-    """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``."""
+    """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``; ``live`` is
+    ``in_flight(order, vp)`` when the caller has it already."""
     plan = layout.plan
     dense = expert = 0.0
     for chunk in chunks:
@@ -156,7 +158,8 @@ def stage_memory(
     gradients = grad_b * (dense / dp + expert / edp if zero >= 2 else dense + expert)
     optimizer = 12.0 * (dense / dp + expert / edp if zero >= 1 else dense + expert)
 
-    live = in_flight(order, layout.vp)
+    if live is None:
+        live = in_flight(order, layout.vp)
     activations = 0.0
     working = 0.0
     for chunk in chunks:

@@ -21,10 +21,15 @@ backward), so the pipeline bubble is an outcome of the simulation, never a formu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from simulator.errors import InfeasiblePlanError
 
-__all__ = ["SCHEDULES", "Task", "generate", "in_flight"]
+__all__ = ["SCHEDULES", "Task", "generate", "in_flight", "stage_in_flight"]
+
+# Schedules are pure functions of (schedule, p, m, v); the free-knob search sizes the same schedule once per
+# recompute option it tries, so the few most recent are kept (a few, since one can hold p·m·v·2 tasks).
+SCHEDULE_CACHE_SIZE = 8
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 
@@ -39,8 +44,10 @@ class Task:
     chunk: int = 0
 
 
+@lru_cache(maxsize=SCHEDULE_CACHE_SIZE)
 def generate(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[Task, ...], ...]:
-    """Per-stage task orders for ``p`` stages, ``m`` micro-batches and ``v`` chunks per stage.
+    """Per-stage task orders for ``p`` stages, ``m`` micro-batches and ``v`` chunks per stage (cached: the
+    result is immutable).
 
     Examples
     --------
@@ -132,3 +139,9 @@ def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[int, ...]:
             best_total = total
             best = live.copy()
     return tuple(best)
+
+
+@lru_cache(maxsize=SCHEDULE_CACHE_SIZE)
+def stage_in_flight(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[int, ...], ...]:
+    """:func:`in_flight` of every stage of ``generate(schedule, p, m, v)`` (cached)."""
+    return tuple(in_flight(order, v) for order in generate(schedule, p, m, v))

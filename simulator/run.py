@@ -221,8 +221,15 @@ def simulate(
     # found so far. The choice is the same as running every candidate (ties go to the earlier candidate).
     prepared: list[tuple[float, int, _Prepared]] = []
     fallback: StepResult | None = None
+    # Memory does not depend on grad_overlap, so the candidates that differ only in it need the same
+    # recomputation: the second starts its search where the first one's ended (None: nothing ran or fitted).
+    fitted: dict[tuple[int | None, int | None], int | None] = {}
     for index, candidate in enumerate(_candidates(model, plan)):
-        got = _first_fitting_recompute(model, cluster, candidate, plan)
+        twin = (candidate.micro_batch, candidate.vp)
+        start = fitted.get(twin, 0)
+        if start is None:
+            continue  # its twin found no runnable or fitting recomputation; this one, with equal memory, neither
+        got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start)
         if isinstance(got, _Prepared):
             prepared.append((lower_bound(got.pipe), index, got))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
@@ -313,10 +320,12 @@ def _recompute_options(model: ModelSpec, candidate: PlanSpec) -> list[tuple[str,
 
 
 def _first_fitting_recompute(
-    model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec
-) -> StepResult | _Prepared | None:
+    model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec, start: int = 0
+) -> tuple[StepResult | _Prepared | None, int | None]:
     """The candidate with the least recomputation that fits, prepared for the engine; else the last
-    (infeasible) memory-only result, or None when no recompute setting gives a runnable plan.
+    (infeasible) memory-only result, or None when no recompute setting gives a runnable plan. Also returns the
+    index of the fitting option in :func:`_recompute_options` (None when none fits); the search starts at
+    option ``start``, which a caller passes when it knows that the options before it do not fit.
 
     Recomputing the first n layers of every chunk keeps n layer inputs where n layers' activations were, and a
     layer input is one of the tensors a layer keeps: no stage needs more memory at n + 1 than at n. So once
@@ -326,7 +335,7 @@ def _first_fitting_recompute(
     options = _recompute_options(model, candidate)
     partial = [i for i, (rc, n) in enumerate(options) if rc == "full" and n is not None]
     last: StepResult | None = None
-    i = 0
+    i = start
     while i < len(options):
         if len(partial) >= PARTIAL_RECOMPUTE_BISECT_MIN and i == partial[0]:
             i = _first_fitting_partial(model, cluster, candidate, options, i, partial[-1] + 1)
@@ -338,12 +347,12 @@ def _first_fitting_recompute(
         try:
             got = _prepare(model, cluster, trial, False, chosen, memory_only_if_infeasible=True)
         except InfeasiblePlanError:
-            return last
+            return last, None
         if isinstance(got, _Prepared):
-            return got
+            return got, i
         last = got
         i += 1
-    return last
+    return last, None
 
 
 def _first_fitting_partial(

@@ -349,3 +349,28 @@ def test_partial_recompute_search_finds_the_fewest_layers_a_linear_scan_would(hb
     assert r.feasible
     assert (r.chosen["recompute"], r.chosen.get("recompute_layers")) == first
     assert first[1] is not None  # these capacities need partial recomputation, the case that is bisected
+
+
+@pytest.mark.parametrize("hbm_gib", [16, 38, 80])
+def test_grad_overlap_twins_share_one_recompute_search(hbm_gib: int) -> None:
+    """Candidates differing only in grad_overlap need the same recomputation (memory does not depend on it), so
+    the free search starts the second one's search where the first one's ended. Started from scratch, the second
+    must land on the same option, and the free search must answer what searching each grad_overlap on its own
+    would: the faster of the two, or the same infeasible answer when neither fits."""
+    from simulator.run import _first_fitting_recompute
+
+    model = ModelSpec(name="deep", layers=24, hidden=2048, heads=16, ffn_hidden=8192, vocab=32000, seq_len=4096)
+    cluster = load_cluster("dgx-a100-80g", device_overrides={"hbm_gib": hbm_gib})
+    plan = PlanSpec(global_batch=8, micro_batch=4, vp=1, dp=1, seq_len=4096)
+    first = _first_fitting_recompute(model, cluster, plan.with_(grad_overlap=True), plan)[1]
+    assert _first_fitting_recompute(model, cluster, plan.with_(grad_overlap=False), plan)[1] == first
+    assert (first is None) == (hbm_gib == 16)  # one case fits nowhere, the others need different recomputation
+    free = simulate(model, cluster, plan)
+    each = [simulate(model, cluster, plan.with_(grad_overlap=go)) for go in (True, False)]
+    assert [r.feasible for r in each] == [free.feasible] * 2
+    if free.feasible:
+        best = min(each, key=lambda r: r.step_time_s)
+        assert free.step_time_s == best.step_time_s
+        assert {k: v for k, v in free.chosen.items() if k != "grad_overlap"} == best.chosen
+    else:
+        assert free.reason == each[0].reason

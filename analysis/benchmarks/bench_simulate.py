@@ -3,7 +3,9 @@
 Scenarios from issue 3: GPT-3 175B on 1,024 A100s (tp 8, pp 8, dp 16, global batch 1536, micro-batch 1),
 Llama 3 405B on 16,384 H100s (tp 8, pp 16, dp 128, global batch 2048), and the flatness of wall time as
 dp grows from 16 to 1,024 at fixed work per replica; and a free-knob search (micro-batch, vp, recompute and
-grad_overlap left empty), with how many candidates the engine actually ran. Run:
+grad_overlap left empty), with how many candidates the engine actually ran; and a planner-style sweep: every
+(tp, pp) layout of Llama 3 70B on 256 H100s with the other knobs free, i.e. what an auto-planner pays per
+layout. Run:
 
     python analysis/benchmarks/bench_simulate.py [--repeats 15]
 
@@ -119,6 +121,23 @@ def main() -> None:
     print(
         f"gpt3-175b 1024xA100 free micro_batch/vp/recompute/grad_overlap: median {warm * 1e3:.0f} ms "
         f"({candidates} candidates, engine ran {engine_runs}); chose {r.chosen}"
+    )
+
+    # A planner's sweep: every (tp, pp) split of 256 GPUs, micro-batch, vp, recompute and grad_overlap free.
+    llama70 = load_model("llama3-70b")
+    layouts = [
+        PlanSpec(tp=tp, pp=pp, dp=256 // (tp * pp), global_batch=512) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8, 16)
+    ]
+
+    def sweep() -> list[float | None]:
+        return [r.step_time_s if r.feasible else None for r in (simulate(llama70, h100, p) for p in layouts)]
+
+    answers = sweep()
+    fitting = [t for t in answers if t is not None]
+    cold, warm = _time(sweep, max(3, args.repeats // 5))
+    print(
+        f"llama3-70b 256xH100 sweep of {len(layouts)} (tp, pp) layouts, other knobs free: median {warm:.2f} s "
+        f"({warm / len(layouts) * 1e3:.0f} ms per layout; {len(fitting)} fit, fastest {min(fitting):.2f} s)"
     )
 
 

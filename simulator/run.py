@@ -9,7 +9,10 @@ Nothing here models physics; it only wires the layers together.
 
 from __future__ import annotations
 
+import gc
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -211,6 +214,29 @@ def simulate(
     >>> r.feasible, r.step_time_s > 0
     (True, True)
     """
+    with _gc_paused():
+        return _simulate(model, cluster, plan, record)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for one call.
+
+    A call allocates hundreds of thousands of short-lived objects (schedule tasks, simpy events), almost all
+    freed by reference counting; the collector's passes over them cost about a sixth of a free-knob search
+    (``analysis/benchmarks/bench_simulate.py``). The cycles a call leaves (simpy's environment and processes)
+    are collected after it, once the collector runs again. Restores the collector's previous state.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool) -> StepResult:
     seq_len = plan.seq_len or model.seq_len
     plan = replace(plan, seq_len=seq_len)
     _check_precision(cluster, plan)  # once, before any candidate: they all share the precision

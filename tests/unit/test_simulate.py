@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from simulator.engine import pipeline
-from simulator.errors import SimulatorError
+from simulator.errors import InfeasiblePlanError, SimulatorError
 from simulator.run import simulate
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
 from simulator.specs.library import load_cluster, load_model
@@ -374,3 +374,21 @@ def test_grad_overlap_twins_share_one_recompute_search(hbm_gib: int) -> None:
         assert {k: v for k, v in free.chosen.items() if k != "grad_overlap"} == best.chosen
     else:
         assert free.reason == each[0].reason
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_simulate_leaves_the_garbage_collector_as_it_found_it(enabled: bool) -> None:
+    """simulate pauses the cyclic collector for its own duration only (speed), also when it raises."""
+    import gc
+
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80g")
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        simulate(model, cluster, PlanSpec(tp=8, pp=8, dp=1, global_batch=16, micro_batch=1, grad_overlap=True))
+        assert gc.isenabled() is enabled
+        with pytest.raises(InfeasiblePlanError):
+            simulate(model, cluster, PlanSpec(tp=8, pp=8, dp=1, global_batch=16, micro_batch=3, grad_overlap=True))
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()

@@ -472,6 +472,9 @@ def _spearman(pred: list[float], meas: list[float]) -> float:
     return float(np.corrcoef(p, m)[0, 1])
 
 
+NOT_GIVEN = "(not given)"  # the group of rows whose cluster or source cell is empty or whose file lacks the column
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Summary figures over per-row results (see module docstring)."""
     predicted = [r for r in rows if r.get("feasible")]
@@ -490,7 +493,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("cluster", "source"):
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
-            groups.setdefault(str(r.get(key, "")), []).append(r)
+            groups.setdefault(str(r.get(key) or NOT_GIVEN), []).append(r)
         summary[f"by_{key}"] = {
             name: {
                 **_stats([r["error"] for r in grp if r.get("feasible") and math.isfinite(r["error"])]),

@@ -263,3 +263,13 @@ def test_a_mistyped_depth_or_batch_is_an_answer_not_a_hang() -> None:
     assert not long["invalid"]
     assert not long["feasible"]
     assert f"{MAX_MICRO_BATCHES + 1:,} micro-batches per step" in long["reason"]
+
+
+def test_rows_without_a_source_are_grouped_under_a_visible_label() -> None:
+    """A file without a ``source`` column (or with empty cells) still gets a readable by-source breakdown."""
+    frame = pd.DataFrame([_row(), _row(run_id="r2", source="")]).drop(columns=["source"])
+    report = validate_frame(frame, "f.csv")
+    assert list(report.summary["by_source"]) == ["(not given)"]
+    assert report.summary["by_source"]["(not given)"]["rows"] == 2
+    mixed = validate_frame(pd.DataFrame([_row(), _row(run_id="r2", source="")]), "f.csv")
+    assert sorted(mixed.summary["by_source"]) == ["(not given)", "NVIDIA/NeMo performance summary"]

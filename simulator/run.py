@@ -431,7 +431,7 @@ def _layout_memory(
     chunks = partition(graph, plan.pp, layout.vp)
     key = (layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     orders = generate(*key)
-    live = stage_in_flight(*key)
+    live = stage_in_flight(*key, orders=orders)
     capacity = cluster.device.hbm_bytes
     memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity, live[s]) for s in range(plan.pp))
     return layout, graph, chunks, orders, memory

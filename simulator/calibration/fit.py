@@ -71,8 +71,13 @@ MIN_BIN_ROWS = 3
 GENERIC_MEMORY = ("all", "unclassified")
 
 
+# Our profiler's backward GEMM rows (profile.model_shapes) fit their layout's curve (specs.calibration).
+GEMM_ROW_CLASSES = {"gemm.dgrad": "gemm_dgrad", "gemm.wgrad": "gemm_wgrad"}
+
+
 def compute_class(row: Measurement) -> str:
-    """The curve a compute row belongs to: ``gemm``, an attention class (``attention``; ``attention_fa2`` for
+    """The curve a compute row belongs to: ``gemm`` (``gemm_dgrad``/``gemm_wgrad`` for our profiler's backward
+    GEMM layouts), an attention class (``attention``; ``attention_fa2`` for
     FlashAttention-2 rows, named ``flash2_...``; ``attention_cudnn`` for cuDNN rows, ``cudnn_...``; each with
     ``_causal`` when the op names a causal mask), its ``_bwd`` variant, or a memory class.
 
@@ -87,6 +92,8 @@ def compute_class(row: Measurement) -> str:
     if row.kind == "attention":
         cls = next((c for p, c in ATTENTION_ROW_PREFIXES.items() if row.op.startswith(p)), ATTENTION_CLASSES["flash"])
         return cls + (CAUSAL if "causal" in row.op else "") + ("_bwd" if backward else "")
+    if row.kind == "gemm":
+        return GEMM_ROW_CLASSES.get(row.op, "gemm")
     return row.kind
 
 
@@ -303,6 +310,8 @@ def predict_time(row: Measurement, table: CalibrationTable, device: DeviceSpec) 
             return None
         return row.bytes / (device.hbm_bandwidth_bytes_per_s * mcurve.at(row.bytes, device.hbm_bandwidth_bytes_per_s))
     ccurve = table.compute_curve(compute_class(row), row.precision)
+    if ccurve is None and row.kind == "gemm":
+        ccurve = table.compute_curve("gemm", row.precision)  # what times a backward GEMM without its own curve
     if ccurve is None:
         return None
     peak = device.peak(_peak_precision(row.precision))

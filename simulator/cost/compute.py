@@ -19,7 +19,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.graph.ops import Op
-from simulator.specs.calibration import ATTENTION_CLASSES, CAUSAL, CalibrationTable, EfficiencyCurve
+from simulator.specs.calibration import (
+    ATTENTION_CLASSES,
+    CAUSAL,
+    GEMM_BACKWARD_CLASSES,
+    CalibrationTable,
+    EfficiencyCurve,
+)
 from simulator.specs.hardware import DeviceSpec
 
 __all__ = ["FALLBACK_EFFICIENCY", "ComputeModel"]
@@ -159,7 +165,7 @@ class ComputeModel:
         precision = self.op_precision(op)
         cls = self.op_class(op)
         # Backward ops may have their own measured curve (``<class>_bwd``), so the phase is part of the key.
-        key = (precision, cls, op.phase == "bwd", *op.shape_key())
+        key = (precision, cls, op.phase, *op.shape_key())
         cached = self._cache.get(key)
         if cached is None:
             outer, self.uncalibrated = self.uncalibrated, set()
@@ -250,8 +256,13 @@ class ComputeModel:
         same size than its forward. A causal attention op takes its kernel's unmasked backward curve where
         no causal one was measured.
         """
-        if op.phase not in ("bwd", "bwd_input", "bwd_weight") or self.table is None or op.kind == "gemm":
+        if op.phase not in ("bwd", "bwd_input", "bwd_weight") or self.table is None:
             return None, False
+        if op.kind == "gemm":
+            # A backward GEMM's layout (activation or weight gradient) has its own curve where it was measured.
+            layout = GEMM_BACKWARD_CLASSES.get(op.phase)
+            curve = self.table.compute_curve(layout, precision) if layout is not None else None
+            return (curve, True) if curve is not None else (None, False)
         curve, calibrated, _ = self._lookup(self._candidates(cls), precision, "_bwd")
         return (curve, True) if calibrated else (None, False)
 

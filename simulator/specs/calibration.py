@@ -68,7 +68,14 @@ BACKWARD_CLASSES = (
     *(f"{c}_bwd" for c in ATTENTION_CURVES),
     *(f"{c}_bwd" for c in MEMORY_CLASSES),
 )
-COMPUTE_OPS = ("gemm", *ATTENTION_CURVES, *MEMORY_CLASSES, *BACKWARD_CLASSES)
+# The GEMMs of the backward pass run other operand layouts than the forward (x·Wᵀ): the activation gradient
+# g·W (``gemm_dgrad``) and the weight gradient gᵀ·x (``gemm_wgrad``). Our profiler times each layout
+# (``gemm.dgrad``/``gemm.wgrad`` rows); where a table has their curves they time those ops, else ``gemm`` does.
+# They differ where the library handles a transposed operand less well: PyTorch's bf16 GEMM on this project's
+# CI CPU (one thread, 1,024 tokens, hidden 1,024, MLP 4,096) took 5.5 ms forward, 5.9 ms dgrad and 10.7 ms
+# wgrad (measured 2026-11-24, torch 2.13 CPU build); cuBLAS on GPUs picks its kernel per layout.
+GEMM_BACKWARD_CLASSES = {"bwd_input": "gemm_dgrad", "bwd_weight": "gemm_wgrad"}
+COMPUTE_OPS = ("gemm", *GEMM_BACKWARD_CLASSES.values(), *ATTENTION_CURVES, *MEMORY_CLASSES, *BACKWARD_CLASSES)
 # A curve measured at one 16-bit precision times ops of the other: FP16 and BF16 tensor-core GEMMs and attention
 # run at the same peak on every device we profile (datasheets: A100 312, H100 989 dense TFLOP/s for both).
 STANDS_IN = {"bf16": "fp16", "fp16": "bf16"}

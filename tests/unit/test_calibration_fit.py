@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,30 @@ def test_a_causal_op_takes_the_causal_curve_where_measured_and_the_unmasked_one_
     assert cm.uncalibrated == set()
     unskipped = Op(name="attn.core", kernel="flash", causal=True, causal_skip=False, **shape)
     assert ComputeModel.op_class(unskipped) == "attention"  # a kernel computing the masked blocks runs unmasked
+
+
+def test_backward_gemm_layouts_get_their_own_curves_where_measured() -> None:
+    """Our profiler times each GEMM in the layout it runs (forward x·Wᵀ, dgrad g·W, wgrad gᵀ·x). The weight
+    gradient's rows fit ``gemm_wgrad`` and time the weight-gradient GEMMs; without such rows (public profiles,
+    or a layout not measured) the backward GEMMs keep the forward ``gemm`` curve."""
+    fwd = gemm_rows(OWN)
+    wgrad = [replace(r, op="gemm.wgrad", time_s=2 * r.time_s) for r in fwd]  # type: ignore[operator]
+    assert compute_class(wgrad[0]) == "gemm_wgrad"
+    assert compute_class(fwd[0]) == "gemm"
+    table = fit_table(fwd + wgrad, DEV, name="own", min_bin_rows=1)
+    only_fwd = fit_table(fwd, DEV, name="own", min_bin_rows=1)
+    assert {c.op for c in table.compute} == {"gemm", "gemm_wgrad"}
+    m, n, k = 1024, 4096, 4096
+    ops = {
+        "fwd": Op(name="mlp.up", kind="gemm", m=m, n=n, k=k),
+        "dgrad": Op(name="mlp.up.dgrad", kind="gemm", phase="bwd_input", m=m, n=k, k=n),
+        "wgrad": Op(name="mlp.up.wgrad", kind="gemm", phase="bwd_weight", m=k, n=n, k=m),
+    }
+    with_layouts = ComputeModel(DEV, table, None, "bf16")
+    forward_only = ComputeModel(DEV, only_fwd, None, "bf16")
+    t = {name: with_layouts.time(op) for name, op in ops.items()}
+    assert t["wgrad"] == pytest.approx(2 * t["fwd"], rel=0.05)
+    assert t["dgrad"] == pytest.approx(t["fwd"], rel=1e-6)  # no dgrad rows: the forward curve
+    assert forward_only.time(ops["wgrad"]) == pytest.approx(t["fwd"], rel=1e-6)
+    # The held-out check predicts each row on its own layout's curve.
+    assert predict_time(wgrad[5], table, DEV) == pytest.approx(wgrad[5].time_s, rel=0.1)

@@ -258,12 +258,14 @@ class ComputeModel:
         """
         if op.phase not in ("bwd", "bwd_input", "bwd_weight") or self.table is None:
             return None, False
+        classes, suffix = self._candidates(cls), "_bwd"
         if op.kind == "gemm":
             # A backward GEMM's layout (activation or weight gradient) has its own curve where it was measured.
             layout = GEMM_BACKWARD_CLASSES.get(op.phase)
-            curve = self.table.compute_curve(layout, precision) if layout is not None else None
-            return (curve, True) if curve is not None else (None, False)
-        curve, calibrated, _ = self._lookup(self._candidates(cls), precision, "_bwd")
+            if layout is None:
+                return None, False
+            classes, suffix = (layout,), ""
+        curve, calibrated, _ = self._lookup(classes, precision, suffix)
         return (curve, True) if calibrated else (None, False)
 
     def _efficiency(

@@ -25,7 +25,7 @@ from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import Comm, Program, build_programs, chunk_params
-from simulator.parallel.schedule import Task, generate, stage_in_flight
+from simulator.parallel.schedule import Task, generate, schedule_with_in_flight
 from simulator.parallel.stages import Chunk, partition
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec
@@ -429,9 +429,7 @@ def _layout_memory(
     layout = resolve_layout(model, cluster, plan)
     graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
     chunks = partition(graph, plan.pp, layout.vp)
-    key = (layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
-    orders = generate(*key)
-    live = stage_in_flight(*key, orders=orders)
+    orders, live = schedule_with_in_flight(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     capacity = cluster.device.hbm_bytes
     memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity, live[s]) for s in range(plan.pp))
     return layout, graph, chunks, orders, memory

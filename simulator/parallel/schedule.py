@@ -25,11 +25,11 @@ from functools import lru_cache
 
 from simulator.errors import InfeasiblePlanError
 
-__all__ = ["SCHEDULES", "Task", "generate", "in_flight", "stage_in_flight"]
+__all__ = ["SCHEDULES", "Task", "generate", "in_flight", "schedule_with_in_flight"]
 
 # Schedules are pure functions of (schedule, p, m, v); the free-knob search sizes the same schedule once per
-# recompute option it tries, so the few most recent are kept: at most 8, of up to 100,000 tasks each (about
-# 6 MB; a larger schedule, p·m·v·2 tasks, is rebuilt each time rather than held after the call).
+# recompute option it tries, so the few most recent are kept (schedule_with_in_flight): at most 8, of up to
+# 100,000 tasks each (about 6 MB; a larger schedule, p·m·v·2 tasks, is rebuilt each time rather than held).
 SCHEDULE_CACHE_SIZE = 8
 SCHEDULE_CACHE_MAX_TASKS = 100_000
 
@@ -46,26 +46,18 @@ class Task:
     chunk: int = 0
 
 
+# Per-stage task orders and, per stage, the micro-batches per chunk it holds at its peak (schedule_with_in_flight).
+SizedSchedule = tuple[tuple[tuple[Task, ...], ...], tuple[tuple[int, ...], ...]]
+
+
 def generate(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[Task, ...], ...]:
-    """Per-stage task orders for ``p`` stages, ``m`` micro-batches and ``v`` chunks per stage (small ones are
-    cached: the result is immutable).
+    """Per-stage task orders for ``p`` stages, ``m`` micro-batches and ``v`` chunks per stage.
 
     Examples
     --------
     >>> [t.kind + str(t.mb) for t in generate("1f1b", 2, 3)[0]]
     ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
     """
-    if 2 * p * m * v <= SCHEDULE_CACHE_MAX_TASKS:
-        return _generate_cached(schedule, p, m, v)
-    return _generate(schedule, p, m, v)
-
-
-@lru_cache(maxsize=SCHEDULE_CACHE_SIZE)
-def _generate_cached(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Task, ...], ...]:
-    return _generate(schedule, p, m, v)
-
-
-def _generate(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Task, ...], ...]:
     if p < 1 or m < 1 or v < 1:
         raise InfeasiblePlanError(f"pipeline needs p, m, v >= 1: p={p}, m={m}, v={v}")
     if schedule == "gpipe":
@@ -153,16 +145,19 @@ def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[int, ...]:
     return tuple(best)
 
 
-def stage_in_flight(
-    schedule: str, p: int, m: int, v: int = 1, orders: tuple[tuple[Task, ...], ...] | None = None
-) -> tuple[tuple[int, ...], ...]:
-    """:func:`in_flight` of every stage of ``generate(schedule, p, m, v)``, which the caller may pass as
-    ``orders`` (cached like the schedule, and kept longer: p small tuples each)."""
+def schedule_with_in_flight(schedule: str, p: int, m: int, v: int = 1) -> SizedSchedule:
+    """:func:`generate` and every stage's :func:`in_flight`: what sizing a plan needs (small schedules cached;
+    the result is immutable)."""
     if 2 * p * m * v <= SCHEDULE_CACHE_MAX_TASKS:
-        return _stage_in_flight_cached(schedule, p, m, v)
-    return tuple(in_flight(order, v) for order in (orders or generate(schedule, p, m, v)))
+        return _schedule_with_in_flight_cached(schedule, p, m, v)
+    return _schedule_with_in_flight(schedule, p, m, v)
 
 
-@lru_cache(maxsize=4 * SCHEDULE_CACHE_SIZE)
-def _stage_in_flight_cached(schedule: str, p: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
-    return tuple(in_flight(order, v) for order in generate(schedule, p, m, v))
+@lru_cache(maxsize=SCHEDULE_CACHE_SIZE)
+def _schedule_with_in_flight_cached(schedule: str, p: int, m: int, v: int) -> SizedSchedule:
+    return _schedule_with_in_flight(schedule, p, m, v)
+
+
+def _schedule_with_in_flight(schedule: str, p: int, m: int, v: int) -> SizedSchedule:
+    orders = generate(schedule, p, m, v)
+    return orders, tuple(in_flight(order, v) for order in orders)

@@ -52,12 +52,15 @@ def test_zero_bubble_splits_weight_gradients() -> None:
 def test_small_schedules_are_cached_and_large_ones_are_not_held() -> None:
     """The free-knob search sizes one schedule per recompute option: small ones come from a cache (the same
     immutable object), large ones are rebuilt rather than held in memory after the call; both agree."""
-    from simulator.parallel.schedule import SCHEDULE_CACHE_MAX_TASKS, stage_in_flight
+    from simulator.parallel.schedule import SCHEDULE_CACHE_MAX_TASKS, schedule_with_in_flight
 
-    assert generate("interleaved", 4, 8, 2) is generate("interleaved", 4, 8, 2)
+    assert schedule_with_in_flight("interleaved", 4, 8, 2) is schedule_with_in_flight("interleaved", 4, 8, 2)
     m = SCHEDULE_CACHE_MAX_TASKS // 2 + 1  # 2·p·m·v tasks: just over the limit at p = v = 1
-    big = generate("1f1b", 1, m)
-    assert big is not generate("1f1b", 1, m)
-    assert big == generate("1f1b", 1, m)
-    assert stage_in_flight("1f1b", 1, m, orders=big) == stage_in_flight("1f1b", 1, m) == ((1,),)
-    assert stage_in_flight("1f1b", 4, 8) == tuple(in_flight(o) for o in generate("1f1b", 4, 8))
+    big = schedule_with_in_flight("1f1b", 1, m)
+    assert big is not schedule_with_in_flight("1f1b", 1, m)
+    assert big == schedule_with_in_flight("1f1b", 1, m)
+    assert big[0] == generate("1f1b", 1, m)
+    assert big[1] == ((1,),)
+    orders, live = schedule_with_in_flight("1f1b", 4, 8)
+    assert orders == generate("1f1b", 4, 8)
+    assert live == tuple(in_flight(o) for o in generate("1f1b", 4, 8))

@@ -214,6 +214,14 @@ def _int(row: pd.Series, col: str, where: str, default: int | None = None) -> in
     return int(number)
 
 
+def _int_or_none(row: pd.Series, col: str, where: str) -> int | None:
+    """``_int`` for a cell that only labels the row: None where the cell is not a whole number."""
+    try:
+        return _int(row, col, where)
+    except SpecError:
+        return None
+
+
 def _required_int(row: pd.Series, col: str, where: str) -> int:
     value = _int(row, col, where)
     if value is None:
@@ -380,8 +388,9 @@ def validate_frame(
             "model": str(_cell(row, "model")),
             "cluster": str(_cell(row, "cluster")),
             "source": str(_cell(row, "source") or ""),
-            "num_gpus": _int(row, "num_gpus", where),
-            "global_batch": _int(row, "global_batch", where),
+            # Identification only: a bad cell here is reported by row_plan below, as this row's reason.
+            "num_gpus": _int_or_none(row, "num_gpus", where),
+            "global_batch": _int_or_none(row, "global_batch", where),
             "measured_step_time_s": measured,
         }
         try:
@@ -541,8 +550,9 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         if r.get("adjusted"):
             note += " | adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items())
         meas = r["measured_step_time_s"]
+        gpus = "?" if r["num_gpus"] is None else r["num_gpus"]
         lines.append(
-            f"{r['run_id']:<18}{r['model'][:27]:<28}{r['cluster']:<14}{r['num_gpus'] or 0:>6}"
+            f"{r['run_id']:<18}{r['model'][:27]:<28}{r['cluster']:<14}{gpus:>6}"
             f"{'' if math.isnan(meas) else f'{meas:.4g}':>11}{'' if math.isnan(pred) else f'{pred:.4g}':>11}"
             f"{'' if math.isnan(err) else f'{err * 100:+.1f}%':>9}  {note}"
         )

@@ -273,3 +273,15 @@ def test_rows_without_a_source_are_grouped_under_a_visible_label() -> None:
     assert report.summary["by_source"]["(not given)"]["rows"] == 2
     mixed = validate_frame(pd.DataFrame([_row(), _row(run_id="r2", source="")]), "f.csv")
     assert sorted(mixed.summary["by_source"]) == ["(not given)", "NVIDIA/NeMo performance summary"]
+
+
+@pytest.mark.parametrize(("column", "value"), [("num_gpus", "abc"), ("global_batch", "3.5"), ("num_gpus", "inf")])
+def test_a_bad_gpu_count_or_batch_is_reported_on_its_row_not_for_the_whole_file(column: str, value: str) -> None:
+    """Found by fuzzing (tests/property/test_validate_fuzz.py): these two cells, read to label the row, raised
+    out of the whole file; now the row is invalid with the cell in its reason and the other rows are predicted."""
+    report = validate_frame(pd.DataFrame([_row(), _row(run_id="r2", **{column: value})]), "f.csv")
+    good, bad = report.rows
+    assert good["feasible"]
+    assert bad["invalid"]
+    assert bad[column] is None
+    assert f"row 3 (r2): {column}: must be a whole number, got {value!r}" in bad["reason"]

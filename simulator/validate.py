@@ -37,8 +37,10 @@ which op classes ran on default (uncalibrated) curves in how many rows; each row
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -377,7 +379,13 @@ def validate_frame(
     """Predict every row of ``frame``; rows that cannot be simulated are reported with their reason."""
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
-        raise SpecError(source, f"missing column(s): {', '.join(missing)}", "see data/validation/README.md")
+        found = [str(c) for c in frame.columns]
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise SpecError(
+            source,
+            f"missing column(s): {', '.join(missing)} (the header has: {shown or 'nothing'})",
+            "name the columns as data/validation/README.md does",
+        )
     report = ValidationReport(source=source)
     clusters: dict[tuple[str, int | None], ClusterSpec] = {}
     for i, row in frame.iterrows():
@@ -436,20 +444,57 @@ def validate_frame(
     return report
 
 
+def _separator(path: Path) -> str:
+    """The field separator: ``,`` as the README specifies, or ``;`` / tab where the header has no comma but
+    one of those (spreadsheets export that way in many locales)."""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
+            header = f.readline()
+    except OSError:
+        return ","  # read_csv reports it
+    if "," in header:
+        return ","
+    return next((sep for sep in (";", "\t") if sep in header), ",")
+
+
+def _long_row(path: Path, sep: str) -> str:
+    """Which line has more fields than the header (for the error message)."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+        rows = csv.reader(f, delimiter=sep)
+        width = len(next(rows, []))
+        for line, row in enumerate(rows, start=2):
+            if len(row) > width:
+                return f"line {line} has {len(row)} fields, the header {width}"
+    return f"a row has more fields than the header's {width}"
+
+
 def validate_file(
     path: Path, *, strict: bool = False, stacks_file: Path | None = None, use_stacks: bool = True
 ) -> ValidationReport:
     """Read a validation CSV and predict every row."""
+    sep = _separator(path)
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        with warnings.catch_warnings():
+            # Rows longer than the header would otherwise turn the first column(s) into the index, silently.
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False, sep=sep, index_col=False)
+    except pd.errors.ParserWarning:
+        raise SpecError(str(path), _long_row(path, sep), "quote cells that contain the separator") from None
     except FileNotFoundError:
         raise SpecError(str(path), "file not found", "check the path") from None
     except IsADirectoryError:
         raise SpecError(str(path), "is a directory, not a file", "name the CSV file") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
-        raise SpecError(str(path), f"is not a readable CSV ({err})", "check the file") from None
+        detail = " ".join(str(err).replace("Error tokenizing data. C error: ", "").split())
+        raise SpecError(
+            str(path), f"is not a readable CSV ({detail})", "quote cells that contain the separator; save as UTF-8"
+        ) from None
     except pd.errors.EmptyDataError:
         raise SpecError(str(path), "is empty", "give a CSV with a header row") from None
+    if frame.empty:
+        raise SpecError(str(path), "has a header but no rows", "add one measured run per line below the header")
+    # Hand-edited headers ("run_id , model") name the same columns.
+    frame.columns = [str(c).strip() for c in frame.columns]
     frame = frame.replace("", np.nan)
     stacks: tuple[Stack, ...] = ()
     if use_stacks:

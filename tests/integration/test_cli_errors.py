@@ -183,7 +183,58 @@ def test_validate_rejects_csv_without_required_columns(tmp_path: Path, capsys: p
     path = tmp_path / "runs.csv"
     path.write_text("run_id,model\nr1,x\n")
     assert main(["validate", str(path)]) == 2
-    _check_message(capsys.readouterr().err, ["runs.csv", "missing column(s)", "layers"])
+    fragments = ["runs.csv", "missing column(s)", "layers", "the header has: run_id, model"]
+    _check_message(capsys.readouterr().err, fragments)
+
+
+PUBLISHED = Path(__file__).resolve().parents[2] / "data" / "validation" / "published_runs.csv"
+
+
+def _first_runs(n: int = 2) -> list[str]:
+    return PUBLISHED.read_text().splitlines()[: n + 1]
+
+
+BAD_CSVS = {
+    # Every row one field longer than the header: pandas used to make run_id the index, then a traceback.
+    "all-rows-long": (lambda rows: [rows[0]] + [r + ",x" for r in rows[1:]], ["line 2 has 36 fields, the header 35"]),
+    "one-row-long": (lambda rows: [*rows[:2], rows[2] + ",x"], ["Expected 35 fields in line 3, saw 36", "quote"]),
+    "header-only": (lambda rows: rows[:1], ["has a header but no rows", "below the header"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CSVS))
+def test_validate_names_what_is_wrong_with_the_csv_itself(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit, fragments = BAD_CSVS[case]
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join(edit(_first_runs())) + "\n")
+    assert main(["validate", str(path)]) == 2
+    _check_message(capsys.readouterr().err, ["runs.csv", *fragments])
+
+
+@pytest.mark.parametrize("variant", ["semicolons", "tabs", "spaced-header", "bom-crlf"])
+def test_validate_reads_spreadsheet_exports_of_the_same_columns(
+    variant: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Semicolon- or tab-separated files (spreadsheets in many locales), a header with spaces around the names,
+    and a byte-order mark with CRLF line ends give the same predictions as the comma file."""
+    rows = list(csv.reader(io.StringIO("\n".join(_first_runs()))))
+    out = io.StringIO()
+    sep = {"semicolons": ";", "tabs": "\t"}.get(variant, ",")
+    writer = csv.writer(out, delimiter=sep, lineterminator="\r\n" if variant == "bom-crlf" else "\n")
+    writer.writerow([f" {c} " for c in rows[0]] if variant == "spaced-header" else rows[0])
+    writer.writerows(rows[1:])
+    path = tmp_path / "runs.csv"
+    path.write_text(("\ufeff" if variant == "bom-crlf" else "") + out.getvalue(), encoding="utf-8")
+    reference = tmp_path / "ref.csv"
+    reference.write_text("\n".join(_first_runs()) + "\n")
+    predicted = []
+    for f in (reference, path):
+        assert main(["validate", str(f), "--format", "json", "--no-stacks"]) == 0
+        predicted.append([r["predicted_step_time_s"] for r in json.loads(capsys.readouterr().out)["rows"]])
+    assert predicted[0] == predicted[1]
+    assert len(predicted[0]) == 2
 
 
 @pytest.mark.parametrize(

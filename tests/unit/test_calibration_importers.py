@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -68,8 +69,15 @@ def test_malformed_vidur_files_name_the_line_column_and_value(tmp_path: Path) ->
     bad = tmp_path / "compute" / "a100" / "m" / "mlp.csv"
     bad.parent.mkdir(parents=True)
     bad.write_text("\n".join([",".join(header), mlp.read_text().splitlines()[1], ",".join(cells)]) + "\n")
-    with pytest.raises(CalibrationError, match="line 3, column 'num_tokens': expected a number, got '12x'"):
+    with pytest.raises(CalibrationError, match="line 3, column 'num_tokens': expected a whole number >= 1, got '12x'"):
         import_vidur_compute(bad)
+    # Found by fuzzing: 'inf' parsed as a number and raised OverflowError; a fraction or a negative count was
+    # truncated silently.
+    for value in ("inf", "2.5", "-4", "0"):
+        cells[col] = value
+        bad.write_text("\n".join([",".join(header), ",".join(cells)]) + "\n")
+        with pytest.raises(CalibrationError, match=f"line 2, column 'num_tokens': .* got '{re.escape(value)}'"):
+            import_vidur_compute(bad)
     empty = tmp_path / "empty" / "x" / "mlp.csv"
     empty.parent.mkdir(parents=True)
     empty.write_text("")
@@ -119,6 +127,58 @@ def test_torch_profiler_cpu_trace(tmp_path: Path) -> None:
     assert gemm.time_s == pytest.approx(100e-6)
     path.write_text("not json")
     with pytest.raises(CalibrationError, match="Chrome trace"):
+        import_torch_trace(path)
+
+
+GPU_TRACE = [
+    {"cat": "cpu_op", "name": "aten::linear", "ts": 0, "dur": 50, "args": {"Input Dims": [[64, 128], [256, 128], [256]],
+     "Input type": ["c10::BFloat16"] * 3, "External id": 1}},
+    {"cat": "cpu_op", "name": "aten::addmm", "ts": 5, "dur": 40, "args": {"Input Dims": [[256], [64, 128], [128, 256]],
+     "Input type": ["c10::BFloat16"] * 3, "External id": 1}},
+    {"cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 100, "dur": 30, "args": {"External id": 1}},
+    {"cat": "cpu_op", "name": "aten::gelu", "ts": 60, "dur": 20, "args": {"Input Dims": [[64, 256]],
+     "Input type": ["c10::BFloat16"], "External id": 2}},
+    # No External id on the kernel: attributed to the operator whose span contains its start.
+    {"cat": "kernel", "name": "vectorized_elementwise_kernel", "ts": 70, "dur": 4, "args": {}},
+    {"cat": "cpu_op", "name": "record_param_comms", "ts": 90, "dur": 5, "args": {"In msg nelems": 1048576,
+     "dtype": "BFloat16", "Group size": 8, "External id": 3}},
+    {"cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*)", "ts": 200, "dur": 120,
+     "args": {"External id": 3}},
+]  # fmt: skip
+# Malformed copies of those events, as a hand-edited or truncated trace might hold them (found by fuzzing: each
+# raised AttributeError, TypeError or OverflowError). They are skipped.
+MALFORMED = [
+    {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9, "args": [1, 2]},
+    {"cat": "cpu_op", "name": 7, "ts": 0, "dur": 9},
+    {"cat": "cpu_op", "name": "aten::mm", "ts": None, "dur": 9},
+    {"cat": "kernel", "name": "k", "ts": 1, "dur": float("inf")},
+    {"cat": "kernel", "name": "k", "ts": 1, "dur": 3, "args": {"External id": [1]}},
+    {"cat": "cpu_op", "name": "aten::bmm", "ts": 400, "dur": 9, "args": {"Input Dims": "x", "Input type": [[1]]}},
+    {"cat": "cpu_op", "name": "aten::mm", "ts": 500, "dur": 9, "args": {"Input Dims": [[-5, 3], [3, "x"]]}},
+    {"cat": "cpu_op", "name": "record_param_comms", "ts": 600, "dur": 1, "args": {"In msg nelems": "1e400",
+     "Group size": [8], "External id": 9}},
+    {"cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 601, "dur": 5, "args": {"External id": 9}},
+]  # fmt: skip
+
+
+def test_torch_profiler_gpu_trace_attributes_kernels_and_skips_malformed_events(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": GPU_TRACE, "deviceProperties": [{"name": "NVIDIA H100"}]}))
+    rows = import_torch_trace(path)
+    gemm = next(r for r in rows if r.kind == "gemm")
+    assert (gemm.op, gemm.m, gemm.k, gemm.n) == ("aten::addmm", 64, 128, 256)  # the innermost operator
+    assert gemm.time_s == pytest.approx(30e-6)  # the kernel's time, not the operator's CPU span
+    assert gemm.device == "NVIDIA H100"
+    gelu = next(r for r in rows if r.op == "aten::gelu")
+    assert gelu.time_s == pytest.approx(4e-6)
+    comm = next(r for r in rows if r.kind == "collective")
+    assert (comm.op, comm.bytes, comm.ranks) == ("all_reduce", 2.0 * 2**20, 8)
+    path.write_text(json.dumps({"traceEvents": GPU_TRACE + MALFORMED, "deviceProperties": "x"}))
+    assert [(r.op, r.time_s) for r in import_torch_trace(path, device="NVIDIA H100")] == [
+        (r.op, r.time_s) for r in rows
+    ]
+    path.write_text(json.dumps({"traceEvents": MALFORMED[:5]}))
+    with pytest.raises(CalibrationError, match="5 operator/kernel events unreadable"):
         import_torch_trace(path)
 
 

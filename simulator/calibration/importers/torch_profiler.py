@@ -85,17 +85,53 @@ def _numel(dims: Any) -> int:
     return math.prod(int(d) for d in dims) if all(isinstance(d, int) for d in dims) else 0
 
 
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _well_formed(e: Any) -> bool:
+    """An event the importer can read: a name, finite ``ts`` and ``dur`` ≥ 0, ``args`` (if any) a mapping whose
+    ``External id`` (if any) is an id. Anything else (a hand-edited or truncated trace) is skipped rather than
+    guessed at."""
+    if not (
+        isinstance(e, dict)
+        and isinstance(e.get("name"), str)
+        and _finite(e.get("ts"))
+        and _finite(e.get("dur"))
+        and e["dur"] >= 0
+        and isinstance(e.get("args", {}), dict)
+    ):
+        return False
+    ext = e.get("args", {}).get("External id")
+    return ext is None or (isinstance(ext, int | str) and not isinstance(ext, bool))
+
+
+def _ext_id(e: dict[str, Any]) -> int | str | None:
+    """The ``External id`` that links a kernel to its operator (None if absent)."""
+    ext: int | str | None = e.get("args", {}).get("External id")
+    return ext
+
+
+def _shape(d: Any) -> list[int] | None:
+    """One tensor's dimensions: a list of whole numbers ≥ 0, else None (scalars, lists of tensors, garbage)."""
+    if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d):
+        return d
+    return None
+
+
 def _classify(op: dict[str, Any]) -> dict[str, Any] | None:
     """Shape, FLOPs and bytes of a recognised CPU operator."""
     name = op["name"]
     args = op.get("args", {})
-    dims = args.get("Input Dims") or []
-    types = args.get("Input type") or []
+    raw_dims = args.get("Input Dims")
+    dims = [_shape(d) for d in raw_dims] if isinstance(raw_dims, list) else []
+    raw_types = args.get("Input type")
+    types = [t for t in raw_types if isinstance(t, str)] if isinstance(raw_types, list) else []
     dtype = next((t for t in types if t in _PRECISION), "float")
     elem = _DTYPE_BYTES.get(dtype, 2)
     precision = _PRECISION.get(dtype, "fp32")
     if name in _GEMM:
-        mats = [d for d in dims if isinstance(d, list) and len(d) >= 2]
+        mats = [d for d in dims if d is not None and len(d) >= 2]
         if name == "aten::linear" and len(mats) >= 2:
             x, w = mats[0], mats[1]
             m = _numel(x[:-1])
@@ -118,23 +154,24 @@ def _classify(op: dict[str, Any]) -> dict[str, Any] | None:
             "precision": precision,
         }
     if name in _ATTN_FWD or (name.endswith("_backward") and name.removesuffix("_backward") in _ATTN_FWD):
-        if len(dims) < 2 or len(dims[0]) != 4:
+        q, kv = [*dims, None, None][:2]
+        if q is None or kv is None or len(q) != 4 or len(kv) < 3:
             return None
-        b, h, sq, d = dims[0]
-        skv = dims[1][2]
-        flops = 4.0 * b * h * sq * skv * d * (2.5 if name.endswith("_backward") else 1.0)
+        nb, nh, sq, hd = q
+        skv = kv[2]
+        flops = 4.0 * nb * nh * sq * skv * hd * (2.5 if name.endswith("_backward") else 1.0)
         return {
             "kind": "attention",
             "m": sq,
             "n": skv,
-            "k": d,
-            "batch": b * h,
+            "k": hd,
+            "batch": nb * nh,
             "flops": flops,
-            "bytes": float(elem * 4 * b * h * sq * d),
+            "bytes": float(elem * 4 * nb * nh * sq * hd),
             "precision": precision,
         }
     if name in _MEMORY:
-        tensors = [_numel(d) for d in dims if isinstance(d, list)]
+        tensors = [_numel(t) for t in dims if t is not None]
         if not tensors:
             return None
         moved = float(elem * (sum(tensors) + max(tensors)))  # inputs read, one output written
@@ -151,30 +188,37 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise CalibrationError(f"{path}: no traceEvents list; export with prof.export_chrome_trace(path)")
-    ops = [e for e in events if isinstance(e, dict) and e.get("cat") == "cpu_op" and "dur" in e]
-    kernels = [e for e in events if isinstance(e, dict) and e.get("cat") == "kernel" and "dur" in e]
-    device = (
-        device or str((data.get("deviceProperties") or [{}])[0].get("name", "")) if isinstance(data, dict) else device
-    )
+    timed = [e for e in events if isinstance(e, dict) and e.get("cat") in ("cpu_op", "kernel")]
+    readable = [e for e in timed if _well_formed(e)]
+    skipped = len(timed) - len(readable)
+    ops = [e for e in readable if e["cat"] == "cpu_op"]
+    kernels = [e for e in readable if e["cat"] == "kernel"]
+    if not device and isinstance(data, dict):
+        props = data.get("deviceProperties")
+        first = props[0] if isinstance(props, list) and props else {}
+        device = str(first.get("name", "")) if isinstance(first, dict) else ""
     by_ext: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    comms: dict[Any, dict[str, Any]] = {}
     for op in ops:
-        ext = op.get("args", {}).get("External id")
+        ext = _ext_id(op)
         if ext is not None:
             by_ext[ext].append(op)
+        if op["name"] == "record_param_comms":
+            comms.setdefault(ext, op)
     op_time: dict[int, float] = defaultdict(float)
     comm_rows: list[tuple[str, float, float, int]] = []
     for kern in kernels:
-        kname = kern.get("name", "")
+        kname = kern["name"]
         if "nccl" in kname.lower():
             low = kname.lower().replace("_", "")
             coll = next((v for k, v in _NCCL.items() if k in low), None)
             if coll is None:
                 continue
-            size, group = _comm_size(ops, kern)
+            size, group = _comm_size(comms, kern)
             if size > 0:
                 comm_rows.append((coll, size, float(kern["dur"]) * 1e-6, group))
             continue
-        ext = kern.get("args", {}).get("External id")
+        ext = _ext_id(kern)
         owners = by_ext.get(ext) or [o for o in ops if o["ts"] <= kern["ts"] <= o["ts"] + o["dur"]]
         recognised = [o for o in owners if _classify(o) is not None]
         if recognised:
@@ -236,22 +280,31 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
             )
         )
     if not rows:
+        unreadable = f" ({skipped} operator/kernel events unreadable: no name, ts or dur)" if skipped else ""
         raise CalibrationError(
-            f"{path}: no recognised operators with timings; record with record_shapes=True and CUDA activity"
+            f"{path}: no recognised operators with timings{unreadable}; record with record_shapes=True and CUDA "
+            "activity"
         )
     return rows
 
 
-def _comm_size(ops: list[dict[str, Any]], kern: dict[str, Any]) -> tuple[float, int]:
-    """Message bytes and group size from the ``record_param_comms`` operator that launched an NCCL kernel."""
-    ext = kern.get("args", {}).get("External id")
-    for op in ops:
-        if op.get("name") != "record_param_comms":
-            continue
-        args = op.get("args", {})
-        if ext is not None and args.get("External id") != ext:
-            continue
-        nelems = float(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
-        elem = _DTYPE_BYTES.get(str(args.get("dtype", "")).replace("BFloat16", "c10::BFloat16"), 2)
-        return nelems * elem, int(args.get("Group size") or 0)
-    return 0.0, 0
+def _count(value: Any) -> int:
+    """A whole, finite, non-negative count from a trace field, else 0."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0
+    return int(number) if math.isfinite(number) and number >= 0 else 0
+
+
+def _comm_size(comms: dict[Any, dict[str, Any]], kern: dict[str, Any]) -> tuple[float, int]:
+    """Message bytes and group size from the ``record_param_comms`` operator that launched an NCCL kernel
+    (``comms``: the first such operator per External id; without an id on the kernel, the trace's first)."""
+    ext = _ext_id(kern)
+    op = comms.get(ext) if ext is not None else next(iter(comms.values()), None)
+    if op is None:
+        return 0.0, 0
+    args = op.get("args", {})
+    nelems = _count(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
+    elem = _DTYPE_BYTES.get(str(args.get("dtype", "")).replace("BFloat16", "c10::BFloat16"), 2)
+    return float(nelems * elem), _count(args.get("Group size") or 0)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from simulator.calibration.rows import Measurement
@@ -105,16 +106,20 @@ def _read(path: Path, what: str) -> pd.DataFrame:
         raise CalibrationError(f"{path}: cannot read as CSV ({err}); give {what}") from None
 
 
-def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool) -> None:
-    """Make ``columns`` numeric in place; a cell that is not a number (or, when ``required``, an empty one)
-    is a CalibrationError naming the file's line, the column and the value."""
+def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool, whole: bool = False) -> None:
+    """Make ``columns`` numeric in place; a cell that is not a finite number (``whole``: a whole number ≥ 1;
+    when ``required``, also an empty one) is a CalibrationError naming the file's line, the column and the value."""
     for col in columns:
         values = pd.to_numeric(df[col], errors="coerce")
-        bad = values.isna() & (df[col].notna() | required)
+        bad = (values.isna() & (df[col].notna() | required)) | values.isin([np.inf, -np.inf])
+        expected = "a number"
+        if whole:
+            bad |= values.notna() & ((values < 1) | (values % 1 != 0))
+            expected = "a whole number >= 1"
         if bad.any():
             pos = int(bad.to_numpy().argmax())
             raise CalibrationError(
-                f"{path}: line {pos + 2}, column {col!r}: expected a number, got {df[col].iloc[pos]!r}; "
+                f"{path}: line {pos + 2}, column {col!r}: expected {expected}, got '{df[col].iloc[pos]}'; "
                 "fix the cell or remove the line"
             )
         df[col] = values
@@ -126,7 +131,7 @@ def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurem
     missing = [c for c in _SHAPE_COLUMNS if c not in df.columns]
     if missing:
         raise CalibrationError(f"{path}: missing column(s) {', '.join(missing)}; is this a Vidur mlp.csv?")
-    _numbers(df, path, [c for c in _SHAPE_COLUMNS if c != "use_gated_mlp"], required=True)
+    _numbers(df, path, [c for c in _SHAPE_COLUMNS if c != "use_gated_mlp"], required=True, whole=True)
     _numbers(df, path, [c for c in df.columns if c.startswith("time_stats.")], required=False)
     gpu = path.parent.parent.name
     device = device or DEVICES.get(gpu, gpu)
@@ -175,7 +180,7 @@ def import_vidur_network(path: Path, device: str | None = None) -> list[Measurem
     for col in ("size", "num_workers", "devices_per_node", "collective"):
         if col not in df.columns:
             raise CalibrationError(f"{path}: missing column {col!r}; is this a Vidur all_reduce/send_recv CSV?")
-    _numbers(df, path, ["size", "num_workers", "devices_per_node"], required=True)
+    _numbers(df, path, ["size", "num_workers", "devices_per_node"], required=True, whole=True)
     _numbers(df, path, [c for c in df.columns if c.startswith("time_stats.")], required=False)
     for pos, name in enumerate(df["collective"]):
         if f"time_stats.{name}.median" not in df.columns:

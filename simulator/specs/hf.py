@@ -136,34 +136,38 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
 
 def _moe(f: Fields, model_type: str) -> MoESpec | None:
     data = f.data
-    experts = data.get("num_local_experts") or data.get("num_experts")
-    if not experts:
+    # Mixtral names the expert count num_local_experts, Qwen-MoE and DeepSeek num_experts; 0 or null: dense.
+    count_key = "num_local_experts" if data.get("num_local_experts") else "num_experts"
+    if not data.get(count_key):
+        f.used.update(("num_local_experts", "num_experts"))
         return None
     f.used.update(("num_local_experts", "num_experts"))
+    experts = f.integer(count_key, minimum=1)
     top_k = f.integer("num_experts_per_tok", minimum=1)
-    if top_k > int(experts):
+    if top_k > experts:
         raise f.error(
             "num_experts_per_tok",
             f"must be <= the number of experts: num_experts_per_tok={top_k}, experts={experts}",
             "check the config (top-k routing picks k of the experts)",
         )
-    expert_ffn = data.get("moe_intermediate_size") or data.get("intermediate_size")
-    if not isinstance(expert_ffn, int) or expert_ffn < 1:
-        raise f.error("moe_intermediate_size", f"must be a whole number, got {expert_ffn!r}", "add the expert FFN size")
+    ffn_key = "moe_intermediate_size" if data.get("moe_intermediate_size") else "intermediate_size"
+    if data.get(ffn_key) is None:
+        raise f.error("moe_intermediate_size", "is required but missing", "add the expert FFN size")
+    expert_ffn = f.integer(ffn_key, minimum=1)
     f.used.update(("moe_intermediate_size",))
-    shared_ffn = int(data.get("shared_expert_intermediate_size") or 0)
-    step = int(data.get("decoder_sparse_step") or 1)
-    dense_layers = data.get("mlp_only_layers") or []
+    shared_ffn = f.integer("shared_expert_intermediate_size", 0, minimum=0)
+    step = f.integer("decoder_sparse_step", 1, minimum=1)
+    dense_layers = f.int_list("mlp_only_layers", (), minimum=0)
     # Qwen2-MoE/Qwen3-MoE make layer i sparse when (i + 1) % decoder_sparse_step == 0 (transformers
     # modeling_qwen2_moe.py): layers step-1, 2·step-1, ..., i.e. step-1 leading dense layers, then every step-th.
-    first_dense = max(int(data.get("first_k_dense_replace") or 0), step - 1)
+    first_dense = max(f.integer("first_k_dense_replace", 0, minimum=0), step - 1)
     if dense_layers:
         # Only a leading block of dense layers is representable; Qwen's released models leave it empty.
         first_dense = max(first_dense, len(dense_layers))
     return MoESpec(
-        num_experts=int(experts),
+        num_experts=experts,
         top_k=top_k,
-        expert_ffn_hidden=int(expert_ffn),
+        expert_ffn_hidden=expert_ffn,
         shared_experts=1 if shared_ffn else 0,
         shared_expert_ffn_hidden=shared_ffn,
         layer_frequency=step,

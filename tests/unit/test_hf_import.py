@@ -290,6 +290,14 @@ BAD = [
     # Found by fuzzing: a null intermediate_size of a dense model reached ModelSpec as None (a TypeError).
     ({**LLAMA3_8B, "intermediate_size": None}, "intermediate_size", "is required but missing"),
     ({**LLAMA3_8B, "vocab_size": "abc"}, "vocab_size", "must be a whole number, got the text 'abc'"),
+    # Found by fuzzing: the MoE keys were read with int(), so text, lists or NaN raised ValueError/TypeError.
+    ({**MIXTRAL_8X7B, "num_local_experts": "8x"}, "num_local_experts", "must be a whole number"),
+    ({**QWEN3_30B_A3B, "num_experts": float("nan")}, "num_experts", "must be a whole number"),
+    ({**QWEN2_57B_A14B, "shared_expert_intermediate_size": "8"}, "shared_expert_intermediate_size", "whole number"),
+    ({**QWEN2_57B_A14B, "decoder_sparse_step": [1, 2]}, "decoder_sparse_step", "must be a whole number"),
+    ({**QWEN2_57B_A14B, "decoder_sparse_step": 0}, "decoder_sparse_step", "must be >= 1, got 0"),
+    ({**QWEN3_30B_A3B, "mlp_only_layers": 1.5}, "mlp_only_layers", "must be a list of whole numbers"),
+    ({**QWEN3_30B_A3B, "moe_intermediate_size": None, "intermediate_size": None}, "moe_intermediate_size", "missing"),
 ]
 
 

@@ -558,6 +558,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERNAL
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as err:
+        # A file a command reads or writes that the readers did not check themselves (an output folder that
+        # does not exist, a read-only location): the path and the reason, not a traceback.
+        where = err.filename if err.filename is not None else "a file"
+        print(
+            f"error: {where}: cannot be read or written ({err.strerror or err.__class__.__name__}); "
+            "check the path and its permissions",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     return code
 
 

@@ -452,3 +452,14 @@ def test_validate_reports_every_row_and_exits_2_when_a_cell_is_bad(
     assert "predicted 1, infeasible 0, invalid 1" in captured.out
     assert "1 row(s) could not be read" in captured.err
     assert "Traceback" not in captured.out + captured.err
+
+
+def test_an_output_that_cannot_be_written_is_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by trying: ``calibrate import-vidur --out`` under a path that is a file raised NotADirectoryError.
+    Any file error a command does not check itself is answered with the path and the reason, exit 2."""
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("")
+    net = Path(__file__).resolve().parents[2] / "data" / "calibration" / "vidur" / "network" / "h100_dgx"
+    code = main(["calibrate", "import-vidur", str(net / "all_reduce.csv"), "--out", str(blocker / "rows.csv")])
+    assert code == 2
+    _check_message(capsys.readouterr().err, [str(blocker), "cannot be read or written", "check the path"])

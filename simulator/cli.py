@@ -212,6 +212,11 @@ def _result_table(r: Any) -> str:
         total = sum(r.breakdown.values()) or 1.0
         for key, value in r.breakdown.items():
             label = key.removesuffix("_s").replace("_", " ")
+            if key == "host_exposed_s" and r.launch_overhead_us is None:
+                # No table measured the host's per-operator cost: it is not modelled, which is not the same as 0.
+                note = "(no launch overhead measured; clustersim calibrate profile measures it)"
+                lines.append(f"  {label:<16}{'not modelled':>12}  {note}")
+                continue
             lines.append(f"  {label:<16}{fmt_seconds(value):>12}  {value / total * 100:5.1f}%")
     lines.append("")
     lines.append("memory per stage (GiB)   weights    grads    optim     acts  buffers    total / capacity")

@@ -64,7 +64,10 @@ class StepResult:
 
     Times are seconds, memory bytes. ``breakdown`` splits the step of the critical stage into compute,
     exposed communication per kind, pipeline bubble and optimizer; ``chosen`` lists the value picked for
-    each free knob; ``uncalibrated_ops`` names the op classes timed with default curves.
+    each free knob; ``uncalibrated_ops`` names the op classes timed with default curves;
+    ``launch_overhead_us`` is the host cost per operator the engine charged, from the cluster's calibration
+    table, or None where no table measured it (then none is charged: ``host_exposed_s`` is 0 because host time
+    is not modelled, not because it was found to be hidden).
     """
 
     model: str
@@ -86,6 +89,7 @@ class StepResult:
     chosen: dict[str, Any]
     uncalibrated_ops: tuple[str, ...]
     calibration: str
+    launch_overhead_us: float | None = None
     timeline: tuple[tuple[int, str, str, float, float], ...] = field(default=(), repr=False, compare=False)
 
     @property
@@ -138,6 +142,7 @@ class StepResult:
             "chosen": dict(self.chosen),
             "uncalibrated_ops": list(self.uncalibrated_ops),
             "calibration": self.calibration,
+            "launch_overhead_us": self.launch_overhead_us,
         }
 
 
@@ -172,10 +177,16 @@ LAUNCH_OVERHEAD_S = 0.0
 
 
 def _launch_overhead(cluster: ClusterSpec) -> float:
+    measured = _measured_launch_overhead_us(cluster)
+    return LAUNCH_OVERHEAD_S if measured is None else measured * 1e-6
+
+
+def _measured_launch_overhead_us(cluster: ClusterSpec) -> float | None:
+    """The host cost per operator the cluster's calibration table measured (µs), None where it has none."""
     table = cluster.calibration
     if table is not None and table.launch_overhead_s is not None:
-        return table.launch_overhead_s
-    return LAUNCH_OVERHEAD_S
+        return table.launch_overhead_s * 1e6
+    return None
 
 
 def _overlap_slowdown(cluster: ClusterSpec) -> float:
@@ -654,6 +665,7 @@ def _infeasible_result(
         chosen=chosen,
         uncalibrated_ops=(),
         calibration=cluster.calibration_label,
+        launch_overhead_us=_measured_launch_overhead_us(cluster),
     )
 
 
@@ -690,5 +702,6 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared, resul
         chosen=chosen,
         uncalibrated_ops=tuple(sorted(prepared.uncalibrated)),
         calibration=cluster.calibration_label,
+        launch_overhead_us=_measured_launch_overhead_us(cluster),
         timeline=result.timeline,
     )

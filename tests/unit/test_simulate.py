@@ -392,3 +392,28 @@ def test_simulate_leaves_the_garbage_collector_as_it_found_it(enabled: bool) -> 
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_a_measured_launch_overhead_is_charged_and_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    """With a host cost per operator in the calibration table, kernels too short to hide it leave the GPU
+    waiting (``host_exposed_s``) and the step gets longer; without one, the result says host time was not
+    modelled (``launch_overhead_us`` None, "not modelled" in the table), rather than showing a measured 0."""
+    from dataclasses import replace
+
+    from simulator.cli import _result_table
+
+    h100 = load_cluster("dgx-h100")
+    assert h100.calibration is not None
+    slow_host = replace(h100, calibration=replace(h100.calibration, launch_overhead_s=200e-6))
+    tiny = ModelSpec(name="tiny", layers=2, hidden=256, heads=4, ffn_hidden=1024, vocab=1000, seq_len=128)
+    plan = PlanSpec(tp=1, pp=1, dp=8, global_batch=8, micro_batch=1, recompute="none", grad_overlap=False)
+    base = simulate(tiny, h100, plan)
+    hosted = simulate(tiny, slow_host, plan)
+    assert base.launch_overhead_us is None
+    assert base.breakdown["host_exposed_s"] == 0.0
+    assert hosted.launch_overhead_us == pytest.approx(200.0)
+    assert hosted.breakdown["host_exposed_s"] > 0.0
+    assert hosted.step_time_s > base.step_time_s + hosted.breakdown["host_exposed_s"] * 0.99
+    assert json.loads(json.dumps(base.to_dict()))["launch_overhead_us"] is None
+    assert "host exposed    not modelled" in _result_table(base)
+    assert "not modelled" not in _result_table(hosted)

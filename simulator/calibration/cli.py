@@ -39,6 +39,22 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _whole(minimum: int) -> Any:
+    """An argparse type: a whole number >= ``minimum`` (a repeat count of 0 or a negative length is bad input,
+    not a run that measures nothing or crashes later)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -345,13 +361,15 @@ def add_calibrate_parser(sub: Any) -> None:
 
     def device_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run (default cpu)")
-        p.add_argument("--threads", type=int, default=1, help="CPU threads per rank (default 1: one rank = one core)")
+        p.add_argument(
+            "--threads", type=_whole(1), default=1, help="CPU threads per rank (default 1: one rank = one core)"
+        )
 
     prof = cal_sub.add_parser("profile", help="time a model's kernels (and collectives) through PyTorch")
     device_opts(prof)
     prof.add_argument("--model", action="append", help="built-in model, model YAML or config.json (repeatable)")
     prof.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="also profile the check configurations")
-    prof.add_argument("--seq-len", type=int, help="sequence length (default: the model's)")
+    prof.add_argument("--seq-len", type=_whole(1), help="sequence length (default: the model's)")
     prof.add_argument("--tp", type=_ints, default=(1,), help="tensor-parallel widths, e.g. 1,2,4,8")
     prof.add_argument("--micro-batch", type=_ints, default=(1,), help="micro-batch sizes, e.g. 1,2,4")
     prof.add_argument(
@@ -359,9 +377,9 @@ def add_calibrate_parser(sub: Any) -> None:
     )
     prof.add_argument("--collectives", action="store_true", help="also time collectives between local ranks")
     prof.add_argument("--ranks", type=int, default=2, help="processes for --collectives (default 2)")
-    prof.add_argument("--warmup", type=int, default=2)
-    prof.add_argument("--repeats", type=int, default=5, help="timed runs per shape and pass (median, min, std)")
-    prof.add_argument("--passes", type=int, default=1, help="time every shape once per pass, one row each")
+    prof.add_argument("--warmup", type=_whole(0), default=2)
+    prof.add_argument("--repeats", type=_whole(1), default=5, help="timed runs per shape and pass (median, min, std)")
+    prof.add_argument("--passes", type=_whole(1), default=1, help="time every shape once per pass, one row each")
     prof.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
     prof.add_argument("--no-probes", action="store_true", help="skip the peak-GEMM and bandwidth probes")
     prof.add_argument("--out", type=Path, required=True, help="folder for kernels.csv, collectives.csv, manifest")
@@ -376,7 +394,7 @@ def add_calibrate_parser(sub: Any) -> None:
     inc = cal_sub.add_parser("import-nccl-tests", help="nccl-tests output or vTrain all-reduce tables")
     inc.add_argument("paths", nargs="+", type=Path)
     inc.add_argument("--collective", help="all_reduce, all_gather, ... when the output does not say")
-    inc.add_argument("--ranks", type=int, help="group size when the output does not say")
+    inc.add_argument("--ranks", type=_whole(1), help="group size when the output does not say")
     inc.add_argument("--device", help="device name for the rows")
     inc.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
     inc.set_defaults(func=_cmd_import_nccl)
@@ -393,8 +411,8 @@ def add_calibrate_parser(sub: Any) -> None:
     fit.add_argument("--device", help="device profile the efficiencies are relative to (default: from the probes)")
     fit.add_argument("--device-out", type=Path, help="also write the derived device profile here")
     fit.add_argument("--name", help="table name (default: the file name)")
-    fit.add_argument("--ranks", type=int, default=1, help="ranks sharing the host's memory (derived device only)")
-    fit.add_argument("--holdout", type=int, default=5, help="leave every Nth shape out for the residual report")
+    fit.add_argument("--ranks", type=_whole(1), default=1, help="ranks sharing the host's memory (derived device only)")
+    fit.add_argument("--holdout", type=_whole(0), default=5, help="leave every Nth shape out for the residual report")
     fit.add_argument("--format", choices=("table", "json"), default="table")
     fit.set_defaults(func=_cmd_fit)
 
@@ -403,9 +421,9 @@ def add_calibrate_parser(sub: Any) -> None:
     chk.add_argument("--cluster", help="cluster name or YAML with a fitted table (default: profile first)")
     chk.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="configuration set (default: per device)")
     chk.add_argument("--no-ddp", action="store_true", help="skip the multi-process DDP configuration")
-    chk.add_argument("--steps", type=int, default=5, help="timed steps per configuration (median reported)")
-    chk.add_argument("--warmup", type=int, default=2)
-    chk.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the configurations")
+    chk.add_argument("--steps", type=_whole(1), default=5, help="timed steps per configuration (median reported)")
+    chk.add_argument("--warmup", type=_whole(0), default=2)
+    chk.add_argument("--rounds", type=_whole(1), default=2, help="interleaved rounds over the configurations")
     chk.add_argument("--work", type=Path, help="keep the scratch profile here (without --cluster)")
     chk.add_argument("--format", choices=("table", "json"), default="table")
     chk.set_defaults(func=_cmd_check)
@@ -419,12 +437,12 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument(
         "--ranks", type=int, help="ranks of the host cluster (default: 2 CPU processes, or every GPU up to 8)"
     )
-    host.add_argument("--steps", type=int, default=5)
-    host.add_argument("--warmup", type=int, default=2)
-    host.add_argument("--repeats", type=int, default=3, help="timed runs per shape and pass")
-    host.add_argument("--passes", type=int, default=3, help="passes over all shapes (one row each)")
+    host.add_argument("--steps", type=_whole(1), default=5)
+    host.add_argument("--warmup", type=_whole(0), default=2)
+    host.add_argument("--repeats", type=_whole(1), default=3, help="timed runs per shape and pass")
+    host.add_argument("--passes", type=_whole(1), default=3, help="passes over all shapes (one row each)")
     host.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
-    host.add_argument("--rounds", type=int, default=2, help="interleaved check rounds over the configurations")
+    host.add_argument("--rounds", type=_whole(1), default=2, help="interleaved check rounds over the configurations")
     host.add_argument("--no-check", action="store_true", help="stop after writing the profiles")
     host.add_argument("--fp8", action="store_true", help="also time FP8 GEMMs (profile --fp8); the check stays 16-bit")
     host.add_argument("--format", choices=("table", "json"), default="table")

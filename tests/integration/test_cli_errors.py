@@ -116,6 +116,12 @@ SIM = [
 ]
 
 ARG_CASES = [
+    # Found by trying: --repeats 0 ended in statistics.StatisticsError, --seq-len -5 in a torch error per shape,
+    # --passes 0 measured nothing and said so only by an empty file.
+    (["calibrate", "profile", "--repeats", "0", "--out", "x"], ["--repeats", "expected a whole number >= 1", "'0'"]),
+    (["calibrate", "profile", "--seq-len", "-5", "--out", "x"], ["--seq-len", "expected a whole number >= 1"]),
+    (["calibrate", "host", "--warmup", "-1"], ["--warmup", "expected a whole number >= 0, got '-1'"]),
+    (["calibrate", "fit", "x.csv", "--out", "t.yaml", "--holdout", "two"], ["--holdout", "expected a whole number"]),
     (
         ["simulate", "--model", "gpt3-176b", "--cluster", "dgx-h100", "--global-batch", "8"],
         ["model 'gpt3-176b'", "not a built-in model", "did you mean 'gpt3-175b'?"],

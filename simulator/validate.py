@@ -270,11 +270,15 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
     if str(_cell(row, "arch") or "dense").lower() == "moe" or (experts or 0) > 1:
         if not experts:
             raise SpecError(f"{where}: num_experts", "is required for a MoE row", "fill num_experts")
-        moe = MoESpec(
-            num_experts=experts,
-            top_k=_int(row, "experts_topk", where, 2) or 2,
-            expert_ffn_hidden=_required_int(row, "ffn_hidden", where),
-        )
+        try:
+            moe = MoESpec(
+                num_experts=experts,
+                top_k=_int(row, "experts_topk", where, 2) or 2,
+                expert_ffn_hidden=_required_int(row, "ffn_hidden", where),
+            )
+        except SpecError as err:  # named by the row's own columns
+            column = {"top_k": "experts_topk", "expert_ffn_hidden": "ffn_hidden"}.get(err.where, err.where)
+            raise SpecError(f"{where}: {column}", err.what, err.fix) from None
     heads = _required_int(row, "heads", where)
     try:
         return ModelSpec(

@@ -9,15 +9,19 @@ key. Specs are built through these readers by named constructors (``ModelSpec.fr
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
+import numbers
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+import numpy as np
+
 from simulator.errors import SpecError
 
-__all__ = ["MISSING", "Fields", "did_you_mean"]
+__all__ = ["MISSING", "Fields", "check_ranges", "check_scalar_types", "did_you_mean"]
 
 T = TypeVar("T")
 
@@ -258,3 +262,69 @@ def _number_fix(value: Any) -> str:
             )
         return f"remove the quotes: write {value.strip()}"
     return "write a plain number without quotes"
+
+
+# -- specs built in Python --------------------------------------------------------------------------------------
+# The readers above check what a file says. A spec built directly in Python (a sweep over a DataFrame, a
+# notebook) gets the same checks from its ``__post_init__`` through these two helpers.
+
+_SCALAR_KINDS: dict[type, tuple[tuple[str, str, bool], ...]] = {}
+_PYTHON_TYPE = {"int": int, "float": float, "bool": bool, "str": str}
+
+
+def _scalar_fields(cls: type) -> tuple[tuple[str, str, bool], ...]:
+    """(name, kind, may be None) of a dataclass's int, float, bool and str fields, from its annotations."""
+    hit = _SCALAR_KINDS.get(cls)
+    if hit is None:
+        out = []
+        for f in dataclasses.fields(cls):
+            annotation = str(f.type).replace(" ", "")
+            base = annotation.removesuffix("|None")
+            if base in ("int", "float", "bool", "str"):
+                out.append((f.name, base, base != annotation))
+        hit = _SCALAR_KINDS[cls] = tuple(out)
+    return hit
+
+
+def check_scalar_types(spec: Any) -> None:
+    """Check that every int, float, bool and str field of the frozen dataclass ``spec`` holds one, and turn
+    numpy scalars (and floats with whole values in int fields) into Python ones, in place.
+
+    Raises
+    ------
+    SpecError
+        Naming the field and the value: text where a number belongs, NaN, a fraction in a whole-number field.
+    """
+    for name, kind, optional in _scalar_fields(type(spec)):
+        value = getattr(spec, name)
+        exact = type(value) is _PYTHON_TYPE[kind]
+        if exact and (kind != "float" or math.isfinite(value)):
+            continue  # the common case first: plans are copied thousands of times in a search
+        if value is None and optional:
+            continue
+        if kind == "str":
+            raise SpecError(name, f"must be text, got {_show(value)}", "write it as a string")
+        if kind == "bool":
+            if not isinstance(value, np.bool_):
+                raise SpecError(name, f"must be true or false, got {value!r}", "use True or False")
+            object.__setattr__(spec, name, bool(value))
+            continue
+        if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            expected = "a whole number" if kind == "int" else "a finite number"
+            raise SpecError(name, f"must be {expected}, got {value!r}", "write a number such as 8")
+        if kind == "int":
+            if not float(value).is_integer():
+                raise SpecError(name, f"must be a whole number, got {value!r}", "write a number such as 8")
+            object.__setattr__(spec, name, int(float(value)))
+        else:
+            object.__setattr__(spec, name, float(value))
+
+
+def check_ranges(spec: Any, minimums: Mapping[str, float], fix: str = "") -> None:
+    """Each named field of ``spec`` (None skipped) must be at least its minimum; the SpecError names it."""
+    for name, minimum in minimums.items():
+        value = getattr(spec, name)
+        if value is not None and value < minimum:
+            raise SpecError(
+                name, f"must be >= {_fmt(minimum)}, got {_fmt(value)}", fix or f"use {name} >= {_fmt(minimum)}"
+            )

@@ -9,11 +9,12 @@ oversubscribed). Per-size achieved bandwidths come from a calibration table when
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields
+from simulator.specs._fields import Fields, check_ranges, check_scalar_types
 from simulator.specs.calibration import CalibrationTable
 from simulator.units import GB, GBIT, GIB, TFLOP, US
 
@@ -40,6 +41,25 @@ class DeviceSpec:
     tdp_watts: float = 0.0
     price_per_gpu_hour_usd: float | None = None
     source: str = ""
+
+    def __post_init__(self) -> None:
+        check_scalar_types(self)
+        for what, value in (
+            ("hbm_bytes", self.hbm_bytes),
+            ("hbm_bandwidth_bytes_per_s", self.hbm_bandwidth_bytes_per_s),
+        ):
+            if value <= 0:
+                raise SpecError(what, f"must be > 0, got {value!r}", "give the datasheet figure")
+        pairs = self.peak_flops if isinstance(self.peak_flops, tuple) else (self.peak_flops,)
+        for pair in pairs:
+            ok = isinstance(pair, tuple) and len(pair) == 2 and pair[0] in PRECISIONS
+            if not ok or isinstance(pair[1], bool) or not isinstance(pair[1], numbers.Real) or not pair[1] > 0:
+                raise SpecError(
+                    "peak_flops",
+                    f"must pair a precision ({', '.join(PRECISIONS)}) with a peak FLOP/s > 0, got {pair!r}",
+                    "e.g. peak_flops=(('bf16', 989e12),)",
+                )
+        check_ranges(self, {"sm_count": 0, "tdp_watts": 0.0, "price_per_gpu_hour_usd": 0.0})
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; FP8 falls back to FP16/BF16 where the device has no FP8."""
@@ -112,6 +132,17 @@ class ClusterSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        check_scalar_types(self)
+        if not isinstance(self.device, DeviceSpec):
+            raise SpecError("device", f"must be a DeviceSpec, got {type(self.device).__name__}", "load_device(name)")
+        if self.topology not in TOPOLOGIES:
+            raise SpecError("topology", f"must be one of {', '.join(TOPOLOGIES)}, got {self.topology!r}", "pick one")
+        for what in ("nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s"):
+            if getattr(self, what) <= 0:
+                raise SpecError(what, f"must be > 0, got {getattr(self, what)!r}", "give the datasheet figure")
+        check_ranges(self, {"gpus_per_node": 1, "nics_per_node": 1, "nvlink_domain_gpus": 0, "max_gpus": 1})
+        check_ranges(self, {"oversubscription": 1.0}, "1 is a non-blocking fabric")
+        check_ranges(self, {"intra_node_latency_s": 0.0, "inter_node_latency_s": 0.0})
         if self.nvlink_domain_gpus == 0:
             object.__setattr__(self, "nvlink_domain_gpus", self.gpus_per_node)
         if self.nvlink_domain_gpus % self.gpus_per_node:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields
+from simulator.specs._fields import Fields, check_ranges, check_scalar_types
 
 __all__ = ["ACTIVATIONS", "MAX_LAYERS", "NORMS", "POSITION_EMBEDDINGS", "MoESpec", "ModelSpec"]
 
@@ -44,6 +44,16 @@ class MoESpec:
     first_dense_layers: int = 0
     capacity_factor: float | None = None
 
+    def __post_init__(self) -> None:
+        check_scalar_types(self)
+        check_ranges(self, {"num_experts": 1, "top_k": 1, "expert_ffn_hidden": 1, "layer_frequency": 1})
+        check_ranges(self, {"shared_experts": 0, "shared_expert_ffn_hidden": 0, "first_dense_layers": 0})
+        check_ranges(self, {"capacity_factor": 1.0}, "leave it out for dropless routing")
+        if self.top_k > self.num_experts:
+            raise SpecError(
+                "top_k", f"must be <= num_experts: top_k={self.top_k}, num_experts={self.num_experts}", "lower top_k"
+            )
+
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` (0-based) is a MoE layer."""
         if index < self.first_dense_layers:
@@ -53,20 +63,20 @@ class MoESpec:
     @classmethod
     def from_fields(cls, f: Fields) -> MoESpec:
         """Build from the ``moe:`` mapping of a model file."""
-        num_experts = f.integer("num_experts", minimum=1)
-        top_k = f.integer("top_k", minimum=1)
-        if top_k > num_experts:
-            raise f.error("top_k", f"must be <= num_experts: top_k={top_k}, num_experts={num_experts}", "lower top_k")
-        spec = cls(
-            num_experts=num_experts,
-            top_k=top_k,
-            expert_ffn_hidden=f.integer("expert_ffn_hidden", minimum=1),
-            shared_experts=f.integer("shared_experts", 0, minimum=0),
-            shared_expert_ffn_hidden=f.integer("shared_expert_ffn_hidden", 0, minimum=0),
-            layer_frequency=f.integer("layer_frequency", 1, minimum=1),
-            first_dense_layers=f.integer("first_dense_layers", 0, minimum=0),
-            capacity_factor=f.number("capacity_factor", None, minimum=1.0),
-        )
+        values = {
+            "num_experts": f.integer("num_experts", minimum=1),
+            "top_k": f.integer("top_k", minimum=1),
+            "expert_ffn_hidden": f.integer("expert_ffn_hidden", minimum=1),
+            "shared_experts": f.integer("shared_experts", 0, minimum=0),
+            "shared_expert_ffn_hidden": f.integer("shared_expert_ffn_hidden", 0, minimum=0),
+            "layer_frequency": f.integer("layer_frequency", 1, minimum=1),
+            "first_dense_layers": f.integer("first_dense_layers", 0, minimum=0),
+            "capacity_factor": f.number("capacity_factor", None, minimum=1.0),
+        }
+        try:
+            spec = cls(**values)
+        except SpecError as err:  # a cross-field rule (top_k <= num_experts), located in the file
+            raise f.error(err.where, err.what, err.fix) from None
         if spec.shared_experts and not spec.shared_expert_ffn_hidden:
             raise f.error(
                 "shared_expert_ffn_hidden",
@@ -109,6 +119,7 @@ class ModelSpec:
     source: str = ""
 
     def __post_init__(self) -> None:
+        check_scalar_types(self)
         for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
             value = getattr(self, name)
             if value < 1:
@@ -299,6 +310,11 @@ class ModelSpec:
 
 def _check_model(m: ModelSpec) -> None:
     """Cross-field rules; messages name the fields as the YAML spells them."""
+    for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("position_embedding", POSITION_EMBEDDINGS)):
+        if getattr(m, name) not in choices:
+            raise SpecError(name, f"must be one of {', '.join(choices)}, got {getattr(m, name)!r}", "pick one")
+    if m.moe is not None and not isinstance(m.moe, MoESpec):
+        raise SpecError("moe", f"must be a MoESpec or None, got {type(m.moe).__name__}", "build it with MoESpec(...)")
     if m.heads % m.kv_heads:
         raise SpecError(
             "kv_heads",

@@ -28,15 +28,11 @@ autograd's own accumulation behaves alike), reading the gradient and the buffer 
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
 from simulator.errors import SpecError
-from simulator.specs._fields import MISSING, Fields
+from simulator.specs._fields import MISSING, Fields, check_ranges, check_scalar_types
 from simulator.specs.calibration import ATTENTION_CLASSES
 
 __all__ = [
@@ -85,28 +81,6 @@ def read_knob(fields: Fields, key: str, default: Any = MISSING) -> Any:
     return _KNOB_READERS[key](fields, key, default)
 
 
-# (field, minimum, may be None) for the whole-number fields, with the fix each error suggests.
-_WHOLE_FIELDS = (
-    ("tp", 1, False),
-    ("pp", 1, False),
-    ("dp", 1, False),
-    ("cp", 1, False),
-    ("ep", 1, False),
-    ("global_batch", 1, False),
-    ("zero_stage", 0, False),
-    ("vp", 1, True),
-    ("micro_batch", 1, True),
-    ("seq_len", 1, True),
-    ("recompute_layers", 1, True),
-    ("expert_tp", 1, True),
-)
-_WHOLE_FIX = {
-    "vp": "use a positive number of chunks",
-    "micro_batch": "use a positive batch",
-    "seq_len": "use a positive number of tokens",
-    "recompute_layers": "use a positive layer count",
-    "zero_stage": "pick a ZeRO stage",
-}
 _CHOICE_FIELDS = (
     ("schedule", SCHEDULES, True),
     ("recompute", RECOMPUTE, True),
@@ -115,34 +89,6 @@ _CHOICE_FIELDS = (
     ("attention", ATTENTION, False),
     ("cp_comm", CP_COMM, False),
 )
-_BOOL_FIELDS = (("sequence_parallel", True), ("grad_overlap", True), ("tp_overlap", True), ("grad_accum_fusion", False))
-
-
-def _whole(knob: str, value: Any, minimum: int, optional: bool) -> int | None:
-    """``value`` as a Python int within range, or a SpecError naming the knob."""
-    if type(value) is int:  # the common case, checked first: plans are built thousands of times in a search
-        number = value
-    elif value is None and optional:
-        return None
-    elif isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        raise SpecError(knob, f"must be a whole number, got {value!r}", "write a number such as 8")
-    elif isinstance(value, numbers.Integral):
-        number = int(value)
-    elif math.isfinite(value) and float(value).is_integer():
-        number = int(float(value))
-    else:
-        raise SpecError(knob, f"must be a whole number, got {value!r}", "write a number such as 8")
-    if knob == "zero_stage" and not 0 <= number <= 3:
-        raise SpecError(knob, f"must be 0, 1, 2 or 3, got {number}", _WHOLE_FIX[knob])
-    if number < minimum:
-        raise SpecError(knob, f"must be >= {minimum}, got {number}", _WHOLE_FIX.get(knob, "use a positive degree"))
-    return number
-
-
-def _set(plan: PlanSpec, knob: str, value: Any) -> None:
-    """Normalise a field of the frozen plan in ``__post_init__`` (numpy scalars to Python ones)."""
-    if getattr(plan, knob) is not value:
-        object.__setattr__(plan, knob, value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,23 +135,16 @@ class PlanSpec:
     def __post_init__(self) -> None:
         # Every field is checked here, so a plan built in Python (a sweep over a DataFrame, say) gets the same
         # SpecError as one read from a file; numpy integers, floats and booleans become Python ones.
-        for knob, minimum, optional in _WHOLE_FIELDS:
-            _set(self, knob, _whole(knob, getattr(self, knob), minimum, optional))
         for knob, choices, optional in _CHOICE_FIELDS:
             value = getattr(self, knob)
             if not (value is None and optional) and (not isinstance(value, str) or value not in choices):
                 raise SpecError(knob, f"must be one of {', '.join(choices)}, got {value!r}", "pick one")
-        for knob, optional in _BOOL_FIELDS:
-            value = getattr(self, knob)
-            if type(value) is not bool and not (value is None and optional):
-                if not isinstance(value, np.bool_):
-                    raise SpecError(knob, f"must be true or false, got {value!r}", "use True or False")
-                _set(self, knob, bool(value))
-        for knob in ("expert_imbalance", "straggler_factor"):
-            value = getattr(self, knob)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 1:
-                raise SpecError(knob, f"must be a finite number >= 1, got {value!r}", "1 means no slowdown")
-            _set(self, knob, float(value))
+        check_scalar_types(self)
+        check_ranges(self, {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "global_batch": 1}, "use a positive degree")
+        check_ranges(self, {"vp": 1, "micro_batch": 1, "seq_len": 1, "recompute_layers": 1, "expert_tp": 1})
+        check_ranges(self, {"expert_imbalance": 1.0, "straggler_factor": 1.0}, "1 means no slowdown")
+        if not 0 <= self.zero_stage <= 3:
+            raise SpecError("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}", "pick a ZeRO stage")
         if self.expert_tp is not None and self.expert_tp not in (1, self.tp):
             raise SpecError(
                 "expert_tp",

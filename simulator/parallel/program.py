@@ -180,15 +180,34 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
     """
     dense = expert = 0.0
     for name, count in chunk.blocks:
-        for op in graph.block(name).forward:
-            local = local_params(op, layout) * count
-            if _is_expert_gemm(op):
-                expert += local
-            else:
-                dense += local
+        block_dense, block_expert = _block_params(graph, layout, name)
+        dense += block_dense * count
+        expert += block_expert * count
     if any(name == "head" for name, _ in chunk.blocks) and graph.model.tied_embeddings and layout.pp.size > 1:
         dense += graph.model.vocab * graph.model.hidden / layout.tp.size
     return dense, expert
+
+
+# (dense, expert) parameters one rank holds of one block, by (model, block, tp, ep, folded): they do not depend
+# on the sequence or micro-batch, and a layout search asks for the same blocks thousands of times.
+_BLOCK_PARAMS: dict[tuple[object, ...], tuple[int, int]] = {}
+_BLOCK_PARAMS_MAX = 4096
+
+
+def _block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, int]:
+    key = (graph.model, name, layout.tp.size, layout.ep.size, layout.experts_folded)
+    hit = _BLOCK_PARAMS.get(key)
+    if hit is None:
+        dense = expert = 0
+        for op in graph.block(name).forward:
+            if _is_expert_gemm(op):
+                expert += local_params(op, layout)
+            else:
+                dense += local_params(op, layout)
+        if len(_BLOCK_PARAMS) >= _BLOCK_PARAMS_MAX:
+            _BLOCK_PARAMS.clear()
+        hit = _BLOCK_PARAMS[key] = (dense, expert)
+    return hit
 
 
 def _ceil(a: int, b: int) -> int:

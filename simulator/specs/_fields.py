@@ -21,7 +21,7 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-__all__ = ["MISSING", "Fields", "check_ranges", "check_scalar_types", "did_you_mean"]
+__all__ = ["MISSING", "Fields", "check_choices", "check_positive", "check_ranges", "check_scalar_types", "did_you_mean"]
 
 T = TypeVar("T")
 
@@ -266,7 +266,7 @@ def _number_fix(value: Any) -> str:
 
 # -- specs built in Python --------------------------------------------------------------------------------------
 # The readers above check what a file says. A spec built directly in Python (a sweep over a DataFrame, a
-# notebook) gets the same checks from its ``__post_init__`` through these two helpers.
+# notebook) gets the same checks from its ``__post_init__`` through these helpers.
 
 _SCALAR_KINDS: dict[type, tuple[tuple[str, str, bool], ...]] = {}
 _PYTHON_TYPE = {"int": int, "float": float, "bool": bool, "str": str}
@@ -328,3 +328,22 @@ def check_ranges(spec: Any, minimums: Mapping[str, float], fix: str = "") -> Non
             raise SpecError(
                 name, f"must be >= {_fmt(minimum)}, got {_fmt(value)}", fix or f"use {name} >= {_fmt(minimum)}"
             )
+
+
+def check_positive(spec: Any, names: Iterable[str], fix: str) -> None:
+    """Each named field of ``spec`` must be > 0 (a bandwidth, a memory size)."""
+    for name in names:
+        value = getattr(spec, name)
+        if not value > 0:
+            raise SpecError(name, f"must be > 0, got {value!r}", fix)
+
+
+def check_choices(spec: Any, choices: Mapping[str, tuple[str, ...]], optional: Iterable[str] = ()) -> None:
+    """Each named field of ``spec`` must be one of its choices (or None, for the fields in ``optional``)."""
+    may_be_none = set(optional)
+    for name, allowed in choices.items():
+        value = getattr(spec, name)
+        if value is None and name in may_be_none:
+            continue
+        if not isinstance(value, str) or value not in allowed:
+            raise SpecError(name, f"must be one of {', '.join(allowed)}, got {value!r}", "pick one")

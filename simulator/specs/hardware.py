@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields, check_ranges, check_scalar_types
+from simulator.specs._fields import Fields, check_choices, check_positive, check_ranges, check_scalar_types
 from simulator.specs.calibration import CalibrationTable
 from simulator.units import GB, GBIT, GIB, TFLOP, US
 
@@ -44,12 +44,7 @@ class DeviceSpec:
 
     def __post_init__(self) -> None:
         check_scalar_types(self)
-        for what, value in (
-            ("hbm_bytes", self.hbm_bytes),
-            ("hbm_bandwidth_bytes_per_s", self.hbm_bandwidth_bytes_per_s),
-        ):
-            if value <= 0:
-                raise SpecError(what, f"must be > 0, got {value!r}", "give the datasheet figure")
+        check_positive(self, ("hbm_bytes", "hbm_bandwidth_bytes_per_s"), "give the datasheet figure")
         pairs = self.peak_flops if isinstance(self.peak_flops, tuple) else (self.peak_flops,)
         for pair in pairs:
             ok = isinstance(pair, tuple) and len(pair) == 2 and pair[0] in PRECISIONS
@@ -135,11 +130,8 @@ class ClusterSpec:
         check_scalar_types(self)
         if not isinstance(self.device, DeviceSpec):
             raise SpecError("device", f"must be a DeviceSpec, got {type(self.device).__name__}", "load_device(name)")
-        if self.topology not in TOPOLOGIES:
-            raise SpecError("topology", f"must be one of {', '.join(TOPOLOGIES)}, got {self.topology!r}", "pick one")
-        for what in ("nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s"):
-            if getattr(self, what) <= 0:
-                raise SpecError(what, f"must be > 0, got {getattr(self, what)!r}", "give the datasheet figure")
+        check_choices(self, {"topology": TOPOLOGIES})
+        check_positive(self, ("nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s"), "give the datasheet figure")
         check_ranges(self, {"gpus_per_node": 1, "nics_per_node": 1, "nvlink_domain_gpus": 0, "max_gpus": 1})
         check_ranges(self, {"oversubscription": 1.0}, "1 is a non-blocking fabric")
         check_ranges(self, {"intra_node_latency_s": 0.0, "inter_node_latency_s": 0.0})

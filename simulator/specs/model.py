@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields, check_ranges, check_scalar_types
+from simulator.specs._fields import Fields, check_choices, check_ranges, check_scalar_types
 
 __all__ = ["ACTIVATIONS", "MAX_LAYERS", "NORMS", "POSITION_EMBEDDINGS", "MoESpec", "ModelSpec"]
 
@@ -310,9 +310,7 @@ class ModelSpec:
 
 def _check_model(m: ModelSpec) -> None:
     """Cross-field rules; messages name the fields as the YAML spells them."""
-    for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("position_embedding", POSITION_EMBEDDINGS)):
-        if getattr(m, name) not in choices:
-            raise SpecError(name, f"must be one of {', '.join(choices)}, got {getattr(m, name)!r}", "pick one")
+    check_choices(m, {"activation": ACTIVATIONS, "norm": NORMS, "position_embedding": POSITION_EMBEDDINGS})
     if m.moe is not None and not isinstance(m.moe, MoESpec):
         raise SpecError("moe", f"must be a MoESpec or None, got {type(m.moe).__name__}", "build it with MoESpec(...)")
     if m.heads % m.kv_heads:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import MISSING, Fields, check_ranges, check_scalar_types
+from simulator.specs._fields import MISSING, Fields, check_choices, check_ranges, check_scalar_types
 from simulator.specs.calibration import ATTENTION_CLASSES
 
 __all__ = [
@@ -81,14 +81,14 @@ def read_knob(fields: Fields, key: str, default: Any = MISSING) -> Any:
     return _KNOB_READERS[key](fields, key, default)
 
 
-_CHOICE_FIELDS = (
-    ("schedule", SCHEDULES, True),
-    ("recompute", RECOMPUTE, True),
-    ("precision", PRECISIONS, False),
-    ("grad_dtype", GRAD_DTYPES, True),
-    ("attention", ATTENTION, False),
-    ("cp_comm", CP_COMM, False),
-)
+_CHOICES = {
+    "schedule": SCHEDULES,
+    "recompute": RECOMPUTE,
+    "precision": PRECISIONS,
+    "grad_dtype": GRAD_DTYPES,
+    "attention": ATTENTION,
+    "cp_comm": CP_COMM,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,10 +135,7 @@ class PlanSpec:
     def __post_init__(self) -> None:
         # Every field is checked here, so a plan built in Python (a sweep over a DataFrame, say) gets the same
         # SpecError as one read from a file; numpy integers, floats and booleans become Python ones.
-        for knob, choices, optional in _CHOICE_FIELDS:
-            value = getattr(self, knob)
-            if not (value is None and optional) and (not isinstance(value, str) or value not in choices):
-                raise SpecError(knob, f"must be one of {', '.join(choices)}, got {value!r}", "pick one")
+        check_choices(self, _CHOICES, optional=("schedule", "recompute", "grad_dtype"))
         check_scalar_types(self)
         check_ranges(self, {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "global_batch": 1}, "use a positive degree")
         check_ranges(self, {"vp": 1, "micro_batch": 1, "seq_len": 1, "recompute_layers": 1, "expert_tp": 1})

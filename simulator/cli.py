@@ -351,7 +351,7 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     from simulator.specs.library import load_model
 
     model = load_model(args.model)
-    seq = args.seq_len or model.seq_len
+    seq = model.seq_len if args.seq_len is None else args.seq_len
     if seq < 1 or args.micro_batch < 1:
         raise SpecError("--seq-len/--micro-batch", f"must be >= 1, got {seq} and {args.micro_batch}", "use positive")
     g = build_graph(model, seq, args.micro_batch, args.attention)

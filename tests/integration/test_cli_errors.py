@@ -122,6 +122,8 @@ ARG_CASES = [
     (["calibrate", "profile", "--seq-len", "-5", "--out", "x"], ["--seq-len", "expected a whole number >= 1"]),
     (["calibrate", "host", "--warmup", "-1"], ["--warmup", "expected a whole number >= 0, got '-1'"]),
     (["calibrate", "fit", "x.csv", "--out", "t.yaml", "--holdout", "two"], ["--holdout", "expected a whole number"]),
+    # --seq-len 0 was read as "the model's default" (a falsy value), not as the bad input it is.
+    (["graph", "--model", "llama3-8b", "--seq-len", "0"], ["--seq-len/--micro-batch", "must be >= 1, got 0"]),
     (
         ["simulate", "--model", "gpt3-176b", "--cluster", "dgx-h100", "--global-batch", "8"],
         ["model 'gpt3-176b'", "not a built-in model", "did you mean 'gpt3-175b'?"],

@@ -372,17 +372,18 @@ def _first_fitting_recompute(
     options = _recompute_options(model, candidate)
     partial = [i for i, (rc, n) in enumerate(options) if rc == "full" and n is not None]
     last: StepResult | None = None
+    sized: dict[PlanSpec, _Sized] = {}  # what the bisection sized, so the plan it picks is not sized twice
     i = start
     while i < len(options):
         if len(partial) >= PARTIAL_RECOMPUTE_BISECT_MIN and i == partial[0]:
-            i = _first_fitting_partial(model, cluster, candidate, options, i, partial[-1] + 1)
+            i = _first_fitting_partial(model, cluster, candidate, options, i, partial[-1] + 1, sized)
         rc, layers = options[i]
         trial = replace(candidate, recompute=rc, recompute_layers=layers)
         chosen = {k: getattr(trial, k) for k in original.free_knobs}
         if layers is not None and original.recompute is None:
             chosen["recompute_layers"] = layers
         try:
-            got = _prepare(model, cluster, trial, False, chosen, memory_only_if_infeasible=True)
+            got = _prepare(model, cluster, trial, False, chosen, memory_only_if_infeasible=True, sized=sized.get(trial))
         except InfeasiblePlanError:
             return last, None
         if isinstance(got, _Prepared):
@@ -399,6 +400,7 @@ def _first_fitting_partial(
     options: list[tuple[str, int | None]],
     start: int,
     stop: int,
+    sized: dict[PlanSpec, _Sized],
 ) -> int:
     """The index of the first of ``options[start:stop]`` (partial recomputation, ascending n) that fits, or
     ``stop`` when none does; ``start`` when some probe is not a runnable plan (the caller then tries every n
@@ -407,7 +409,7 @@ def _first_fitting_partial(
     while lo < hi:
         mid = (lo + hi) // 2
         rc, n = options[mid]
-        fits = _fits(model, cluster, replace(candidate, recompute=rc, recompute_layers=n))
+        fits = _fits(model, cluster, replace(candidate, recompute=rc, recompute_layers=n), sized)
         if fits is None:
             return start
         if fits:
@@ -417,18 +419,21 @@ def _first_fitting_partial(
     return lo
 
 
-def _fits(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> bool | None:
-    """Whether ``plan`` fits in every stage's memory; None when it is not a runnable plan."""
+def _fits(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, sized: dict[PlanSpec, _Sized]) -> bool | None:
+    """Whether ``plan`` fits in every stage's memory; None when it is not a runnable plan. Keeps what it sized
+    in ``sized``."""
     try:
-        *_, memory = _layout_memory(model, cluster, plan)
+        got = sized[plan] = _layout_memory(model, cluster, plan)
     except InfeasiblePlanError:
         return None
-    return all(m.over <= 0 for m in memory)
+    return all(m.over <= 0 for m in got[-1])
 
 
-def _layout_memory(
-    model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec
-) -> tuple[Layout, ModelGraph, tuple[tuple[Chunk, ...], ...], tuple[tuple[Task, ...], ...], tuple[StageMemory, ...]]:
+# A plan's layout, graph, pipeline chunks, schedule orders and per-stage memory (_layout_memory).
+_Sized = tuple[Layout, ModelGraph, tuple[tuple[Chunk, ...], ...], tuple[tuple[Task, ...], ...], tuple[StageMemory, ...]]
+
+
+def _layout_memory(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> _Sized:
     """A plan's layout, graph, pipeline chunks, schedule orders and per-stage memory: what the search needs to
     know whether it fits, and the engine's input is built from.
 
@@ -479,12 +484,14 @@ def _prepare(
     chosen: dict[str, Any],
     *,
     memory_only_if_infeasible: bool = False,
+    sized: _Sized | None = None,
 ) -> StepResult | _Prepared:
     """Everything up to the engine: layout, graph, memory, schedule and the engine's input.
 
-    Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``.
+    Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``;
+    ``sized`` is the plan's :func:`_layout_memory` where the caller has it already.
     """
-    layout, graph, chunks, orders, memory = _layout_memory(model, cluster, plan)
+    layout, graph, chunks, orders, memory = sized if sized is not None else _layout_memory(model, cluster, plan)
     if plan.expert_tp is None and layout.experts_folded:
         chosen = {**chosen, "expert_tp": layout.etp}  # MoE parallel folding was the only way to place ep
     over = [m for m in memory if m.over > 0]

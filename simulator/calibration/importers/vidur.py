@@ -49,16 +49,21 @@ _SHAPE_COLUMNS = (
 )
 
 
-def _gemm_shape(op: str, row: pd.Series) -> tuple[int, int, int] | None:
-    """(m, k, n) of a GEMM operator of the profiled layer, per tensor-parallel rank."""
+def _layer(row: pd.Series) -> tuple[int, int, int, int, int, int, int, bool]:
+    """The profiled layer of one row: tokens m, hidden h, heads a, KV heads kv, MLP width f, TP width t,
+    head size d and whether the MLP is gated."""
     m = int(row["num_tokens"])
     h = int(row["n_embd"])
     a = int(row["n_head"])
     kv = int(row["n_kv_head"])
     f = int(row["n_expanded_embd"])
     t = int(row["num_tensor_parallel_workers"])
-    d = h // a
-    gated = str(row["use_gated_mlp"]).lower() == "true"
+    return m, h, a, kv, f, t, h // a, str(row["use_gated_mlp"]).lower() == "true"
+
+
+def _gemm_shape(op: str, row: pd.Series) -> tuple[int, int, int] | None:
+    """(m, k, n) of a GEMM operator of the profiled layer, per tensor-parallel rank."""
+    m, h, a, kv, f, t, d, gated = _layer(row)
     if op == "attn_pre_proj":
         return m, h, (a + 2 * kv) * d // t
     if op == "attn_post_proj":
@@ -77,14 +82,7 @@ def _memory_bytes(op: str, row: pd.Series) -> float | None:
     and writes their product (GELU: reads and writes one tensor); the residual add reads two tensors and
     writes one; the vocab-parallel embedding gathers one row per token and writes it.
     """
-    m = int(row["num_tokens"])
-    h = int(row["n_embd"])
-    a = int(row["n_head"])
-    kv = int(row["n_kv_head"])
-    f = int(row["n_expanded_embd"])
-    t = int(row["num_tensor_parallel_workers"])
-    d = h // a
-    gated = str(row["use_gated_mlp"]).lower() == "true"
+    m, h, a, kv, f, t, d, gated = _layer(row)
     if op in ("input_layernorm", "post_attention_layernorm"):
         return float(2 * m * h * E)
     if op == "attn_rope":

@@ -210,6 +210,20 @@ def _block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, in
     return hit
 
 
+def _gather_ahead(
+    builder: _Builder, instances: list[tuple[str, list[Op], list[Op]]], j: int, layout: Layout, prefix: str
+) -> None:
+    """ZeRO-3 before block instance ``j`` (in the order it runs): gather its parameters if it is the first,
+    prefetch the next one's, then wait for its own (labels ``prefix`` + index)."""
+    if j == 0:
+        name, f_ops, _ = instances[0]
+        builder.comm(_param_gather(f_ops, layout, name), stream="dp", label=f"{prefix}0")
+    if j + 1 < len(instances):
+        name, f_ops, _ = instances[j + 1]
+        builder.comm(_param_gather(f_ops, layout, name), stream="dp", label=f"{prefix}{j + 1}")
+    builder.wait_for(f"{prefix}{j}")
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -296,12 +310,7 @@ def _build_cached(
     # Forward; under ZeRO-3 each instance's parameters are gathered one instance ahead (prefetch).
     for j, (name, f_ops, _) in enumerate(instances):
         if zero3:
-            if j == 0:
-                fwd.comm(_param_gather(f_ops, layout, name), stream="dp", label="f0")
-            if j + 1 < len(instances):
-                nxt = instances[j + 1]
-                fwd.comm(_param_gather(nxt[1], layout, nxt[0]), stream="dp", label=f"f{j + 1}")
-            fwd.wait_for(f"f{j}")
+            _gather_ahead(fwd, instances, j, layout, "f")
         _emit_forward(fwd, name, f_ops, layout, graph)
     # Backward in reverse; recomputation first where the plan asks for it (with recompute_layers, only for the
     # chunk's first that many decoder layers: Megatron-LM's block method).
@@ -310,12 +319,7 @@ def _build_cached(
     rev = list(reversed(instances))
     for j, (name, f_ops, b_ops) in enumerate(rev):
         if zero3:
-            if j == 0:
-                bwd.comm(_param_gather(f_ops, layout, name), stream="dp", label="b0")
-            if j + 1 < len(rev):
-                nxt = rev[j + 1]
-                bwd.comm(_param_gather(nxt[1], layout, nxt[0]), stream="dp", label=f"b{j + 1}")
-            bwd.wait_for(f"b{j}")
+            _gather_ahead(bwd, rev, j, layout, "b")
         if len(instances) - 1 - j in recomputed:
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)

@@ -176,17 +176,21 @@ def _models(cluster: ClusterSpec, precision: str, straggler: float) -> tuple[Com
 LAUNCH_OVERHEAD_S = 0.0
 
 
+def _measured_launch_overhead_s(cluster: ClusterSpec) -> float | None:
+    """The host cost per operator the cluster's calibration table measured, None where it has none."""
+    table = cluster.calibration
+    return table.launch_overhead_s if table is not None else None
+
+
 def _launch_overhead(cluster: ClusterSpec) -> float:
-    measured = _measured_launch_overhead_us(cluster)
-    return LAUNCH_OVERHEAD_S if measured is None else measured * 1e-6
+    measured = _measured_launch_overhead_s(cluster)
+    return LAUNCH_OVERHEAD_S if measured is None else measured
 
 
 def _measured_launch_overhead_us(cluster: ClusterSpec) -> float | None:
-    """The host cost per operator the cluster's calibration table measured (µs), None where it has none."""
-    table = cluster.calibration
-    if table is not None and table.launch_overhead_s is not None:
-        return table.launch_overhead_s * 1e6
-    return None
+    """:func:`_measured_launch_overhead_s` in µs, as results report it."""
+    measured = _measured_launch_overhead_s(cluster)
+    return None if measured is None else measured * 1e6
 
 
 def _overlap_slowdown(cluster: ClusterSpec) -> float:

@@ -138,10 +138,9 @@ def _moe(f: Fields, model_type: str) -> MoESpec | None:
     data = f.data
     # Mixtral names the expert count num_local_experts, Qwen-MoE and DeepSeek num_experts; 0 or null: dense.
     count_key = "num_local_experts" if data.get("num_local_experts") else "num_experts"
-    if not data.get(count_key):
-        f.used.update(("num_local_experts", "num_experts"))
-        return None
     f.used.update(("num_local_experts", "num_experts"))
+    if not data.get(count_key):
+        return None
     experts = f.integer(count_key, minimum=1)
     top_k = f.integer("num_experts_per_tok", minimum=1)
     if top_k > experts:

@@ -205,6 +205,8 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
             by_ext[ext].append(op)
         if op["name"] == "record_param_comms":
             comms.setdefault(ext, op)
+    # Each operator's shape, FLOPs and bytes, worked out once (kernels look their owners up here).
+    shapes = {id(op): c for op in ops if (c := _classify(op)) is not None}
     op_time: dict[int, float] = defaultdict(float)
     comm_rows: list[tuple[str, float, float, int]] = []
     for kern in kernels:
@@ -220,14 +222,14 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
             continue
         ext = _ext_id(kern)
         owners = by_ext.get(ext) or [o for o in ops if o["ts"] <= kern["ts"] <= o["ts"] + o["dur"]]
-        recognised = [o for o in owners if _classify(o) is not None]
+        recognised = [o for o in owners if id(o) in shapes]
         if recognised:
             owner = min(recognised, key=lambda o: o["dur"])  # innermost recognised operator
             op_time[id(owner)] += float(kern["dur"])
     if not kernels:
         # CPU-only trace: a recognised operator's own duration is its time.
         for op in ops:
-            if _classify(op) is not None:
+            if id(op) in shapes:
                 op_time[id(op)] += float(op["dur"])
     groups: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     info: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -235,8 +237,7 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
         t = op_time.get(id(op))
         if not t:
             continue
-        c = _classify(op)
-        assert c is not None
+        c = shapes[id(op)]
         key = (op["name"], c["kind"], c.get("m", 0), c.get("n", 0), c.get("k", 0), c.get("batch", 1), c["bytes"])
         groups[key].append(t * 1e-6)
         info[key] = c

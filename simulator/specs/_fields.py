@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import operator
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -315,7 +316,9 @@ def check_scalar_types(spec: Any) -> None:
         if kind == "int":
             if not float(value).is_integer():
                 raise SpecError(name, f"must be a whole number, got {value!r}", "write a number such as 8")
-            object.__setattr__(spec, name, int(float(value)))
+            # An integer type converts exactly (numpy int64 beyond 2**53 too); a whole float through float.
+            exact_int = operator.index(value) if isinstance(value, numbers.Integral) else int(float(value))
+            object.__setattr__(spec, name, exact_int)
         else:
             object.__setattr__(spec, name, float(value))
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
-from simulator.parallel.program import chunk_params, cp_output_copy_bytes, local_act_bytes, local_params
+from simulator.parallel.program import attention_output_copy_bytes, chunk_params, local_act_bytes, local_params
 from simulator.parallel.schedule import Task, in_flight
 from simulator.parallel.stages import Chunk
 from simulator.units import GIB, fmt_bytes
@@ -120,12 +120,12 @@ def _chunk_activations(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple
                 working = max(working, full)
         elif name.startswith("layer.") and layout.recompute == "selective":
             # The recomputed attention core still needs Q, K and V; what it alone keeps is dropped:
-            # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused), and the extra
-            # output copy of all-gather or all-to-all context parallelism.
+            # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused), and its own copy of
+            # its output (all-gather or all-to-all context parallelism, FP8 runs).
             dropped = sum(local_act_bytes(op, layout) for op in ops if op.name in ("attn.softmax", "attn.dropout"))
             # Per rank the attention core has ceil(heads/tp) heads and ceil(seq_q/cp) queries (shard_op).
             dropped += sum(
-                4.0 * op.batch * -(-op.heads // tp) * -(-op.seq_q // cp) + cp_output_copy_bytes(op, layout)
+                4.0 * op.batch * -(-op.heads // tp) * -(-op.seq_q // cp) + attention_output_copy_bytes(op, layout)
                 for op in ops
                 if op.kind == "attention"
             )
@@ -141,7 +141,7 @@ def stage_memory(
     chunks: tuple[Chunk, ...],
     order: tuple[Task, ...],
     capacity: float,
-    live: tuple[int, ...] | None = None,
+    live: tuple[tuple[int, ...], ...] | None = None,
 ) -> StageMemory:
     """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``; ``live`` is
     ``in_flight(order, vp)`` when the caller has it already."""
@@ -160,12 +160,14 @@ def stage_memory(
 
     if live is None:
         live = in_flight(order, layout.vp)
-    activations = 0.0
+    kept_by_chunk = [0.0] * layout.vp
     working = 0.0
     for chunk in chunks:
         kept, work = _chunk_activations(graph, layout, chunk)
-        activations += kept * live[chunk.chunk]
+        kept_by_chunk[chunk.chunk] += kept
         working = max(working, work)
+    # The largest mix of live micro-batches the order reaches, weighted by what each chunk keeps.
+    activations = max(sum(k * n for k, n in zip(kept_by_chunk, counts, strict=True)) for counts in live)
     activations += working
 
     buffers = RESERVED_BYTES

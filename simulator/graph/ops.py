@@ -50,6 +50,10 @@ class Op:
         FLOPs per element for memory-bound ops that also compute (kept small; they are timed by bytes).
     params : int
         Parameters this op owns (forward op only; 0 for backward ops).
+    replicated_params : int
+        The part of ``params`` that tensor parallelism does not split although the op has a TP axis: the
+        learned position table beside the vocab-parallel word table, which Megatron-LM keeps whole on every
+        TP rank (a plain ``torch.nn.Embedding`` in ``LanguageModelEmbedding``).
     act_bytes : float
         Bytes saved for the backward pass (forward op only).
     tok_axis, tp_axis : str
@@ -80,6 +84,7 @@ class Op:
     read_bytes: float = 0.0
     write_bytes: float = 0.0
     params: int = 0
+    replicated_params: int = 0
     act_bytes: float = 0.0
     tok_axis: str = ""
     tp_axis: str = ""

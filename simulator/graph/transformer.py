@@ -517,8 +517,9 @@ def _embedding(model: ModelSpec, b: int, s: int) -> tuple[list[Op], list[Op]]:
         read_bytes=float(E * th * (2 if model.position_embedding == "learned" else 1)),
         write_bytes=float(E * th),
         params=model.embedding_params(),
+        replicated_params=model.embedding_params() - model.vocab * model.hidden,  # learned positions
         tok_axis="bytes",
-        tp_axis="vocab",  # vocab-parallel table: parameters split, lookup traffic not
+        tp_axis="vocab",  # vocab-parallel word table: its parameters split, lookup traffic not
         sp_tokens=False,
     )
     # Backward: scatter-add of the output gradient into the fp32 embedding gradient.

@@ -42,9 +42,9 @@ __all__ = [
     "Comm",
     "Program",
     "Step",
+    "attention_output_copy_bytes",
     "build_programs",
     "chunk_params",
-    "cp_output_copy_bytes",
     "fp8_gemm",
     "local_act_bytes",
     "local_params",
@@ -101,7 +101,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     tp_div = tp if op.tp_axis and not folded else 1
     changes: dict[str, object] = {"act_bytes": local_act_bytes(op, layout), "params": local_params(op, layout)}
     if op.kind == "memory":
-        scale = 1.0 / (tok_div * (tp_div if op.tp_axis == "bytes" else 1))
+        scale = _expert_load(op, layout) / (tok_div * (tp_div if op.tp_axis == "bytes" else 1))
         changes["read_bytes"] = op.read_bytes * scale
         changes["write_bytes"] = op.write_bytes * scale
         return op.with_(**changes)
@@ -118,13 +118,19 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
         ep = layout.ep.size
         field = op.tok_axis
         base = int(changes.get(field, getattr(op, field)))  # type: ignore[call-overload]
-        changes[field] = max(1, math.ceil(base * ep * layout.plan.expert_imbalance))
+        changes[field] = max(1, math.ceil(base * ep * _expert_load(op, layout)))
         changes["batch"] = op.batch // ep
     return op.with_(**changes)
 
 
 def _is_expert_gemm(op: Op) -> bool:
     return op.kind == "gemm" and op.batch > 1 and op.name.startswith("moe.experts")
+
+
+def _expert_load(op: Op, layout: Layout) -> float:
+    """How many times the average routed tokens the busiest rank's experts process: the plan's expert imbalance
+    for the routed experts' ops (their GEMMs, activation and saved inputs), 1 for every other op."""
+    return layout.plan.expert_imbalance if op.name.startswith("moe.experts") else 1.0
 
 
 def _routed(op_name: str) -> bool:
@@ -141,24 +147,41 @@ def _folded(op: Op, layout: Layout) -> bool:
 def local_act_bytes(op: Op, layout: Layout) -> float:
     """The activation bytes one rank keeps for ``op``'s backward (the ``act_bytes`` of :func:`shard_op`)."""
     tp = layout.tp.size
-    # A column-parallel GEMM keeps its *input*, which TP replicates (unless sequence parallelism splits
-    # it); a row-parallel GEMM, the attention core and TP-split memory ops keep TP-split tensors.
-    act_split = op.tp_axis not in ("", "n", "vocab") or (layout.sequence_parallel and tp > 1) or _folded(op, layout)
-    act = op.act_bytes / (layout.cp.size * (tp if act_split else 1))
+    # A column-parallel GEMM keeps its *input*, which TP replicates unless sequence parallelism splits it
+    # (Megatron saves the sequence-split input and gathers it again for the backward); a row-parallel GEMM,
+    # the attention core and TP-split memory ops keep TP-split tensors. The routed experts' GEMMs are the
+    # exception to the first rule: with expert_tp = tp the token dispatcher has already gathered their input
+    # over TP (Megatron-Core ``MoEAlltoAllTokenDispatcher``, ``gather_from_sequence_parallel_region``), so
+    # every TP rank keeps all the routed tokens its experts see.
+    sp_split = layout.sequence_parallel and tp > 1 and not _is_expert_gemm(op)
+    act_split = op.tp_axis not in ("", "n", "vocab") or sp_split or _folded(op, layout)
+    act = op.act_bytes * _expert_load(op, layout) / (layout.cp.size * (tp if act_split else 1))
     if op.kind == "gemm" and fp8_gemm(op, layout):
         act /= 2  # Transformer Engine keeps the FP8 copy of a GEMM input for the backward pass (1 byte)
-    return act + cp_output_copy_bytes(op, layout)
+    return act + attention_output_copy_bytes(op, layout)
 
 
-def cp_output_copy_bytes(op: Op, layout: Layout) -> float:
-    """The second copy of the attention output that all-gather and all-to-all context parallelism keep.
+def attention_output_copy_bytes(op: Op, layout: Layout) -> float:
+    """The copy of the attention output the fused attention core keeps besides the projection GEMM's input.
 
-    Transformer Engine's ``AttnFuncWithCPAndKVAllGather`` saves each query chunk's partial output besides the
-    output it returns (which the projection GEMM keeps), and ``AttnFuncWithCPAndQKVOA2A`` saves the
-    head-sharded output from before the closing all-to-all; the ring (``p2p``) saves the output it returns.
-    One rank's local output: 16-bit, its tokens over cp, its heads over tp. Zero for other ops.
+    In a 16-bit run the output the core returns and saves for its backward is the very tensor the output
+    projection keeps, so it counts once (in the projection's ``act_bytes``). A second copy exists when:
+
+    * context parallelism gathers keys and values or moves heads with all-to-all: Transformer Engine's
+      ``AttnFuncWithCPAndKVAllGather`` saves each query chunk's partial output besides the output it returns,
+      and ``AttnFuncWithCPAndQKVOA2A`` the head-sharded output from before the closing all-to-all;
+    * the run is FP8 and the core saves the output it returns (no context parallelism, or the ``p2p`` ring,
+      whose ``AttnFuncWithCPAndKVP2P`` saves it): the projection then keeps its own FP8 copy (halved in
+      :func:`local_act_bytes`) while the core still holds the 16-bit output its backward needs (FlashAttention
+      and cuDNN fused attention compute the softmax-gradient term from it).
+
+    One rank's local output: 16-bit, its tokens over cp, its heads over tp. Zero for other ops. Selective
+    recomputation re-runs the core, which then keeps neither copy (:mod:`simulator.cost.memory`).
     """
-    if op.kind != "attention" or layout.cp.size == 1 or layout.plan.cp_comm == "p2p":
+    if op.kind != "attention":
+        return 0.0
+    cp_copy = layout.cp.size > 1 and layout.plan.cp_comm != "p2p"
+    if not cp_copy and layout.plan.precision != "fp8":
         return 0.0
     # The split shard_op makes (which cannot be called here: shard_op calls local_act_bytes).
     heads = _ceil(op.heads, layout.tp.size)
@@ -166,9 +189,12 @@ def cp_output_copy_bytes(op: Op, layout: Layout) -> float:
 
 
 def local_params(op: Op, layout: Layout) -> int:
-    """The parameters of ``op`` one rank holds: split over tp along the TP axis, expert weights over ep
-    (the ``params`` of :func:`shard_op`, without building the sharded op)."""
-    params = op.params // layout.tp.size if op.tp_axis and not _folded(op, layout) else op.params
+    """The parameters of ``op`` one rank holds: split over tp along the TP axis (but for its
+    ``replicated_params``), expert weights over ep (the ``params`` of :func:`shard_op`, without building the
+    sharded op)."""
+    params = op.params
+    if op.tp_axis and not _folded(op, layout):
+        params = (op.params - op.replicated_params) // layout.tp.size + op.replicated_params
     return params // layout.ep.size if _is_expert_gemm(op) else params
 
 

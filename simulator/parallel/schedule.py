@@ -11,11 +11,13 @@ backward), so the pipeline bubble is an outcome of the simulation, never a formu
   interleaving``): each stage holds ``vp`` model chunks; micro-batches advance in groups of p through the
   chunks; warm-up is 2·(p−s−1) + (v−1)·p tasks. As in Megatron-LM, the number of micro-batches must be a
   multiple of p.
-* ``zb_h1`` (after Qi et al. 2023, "Zero Bubble Pipeline Parallelism", ZB-H1): the backward is split
-  into B (activation gradient, sent upstream at once) and W (weight gradient, run right after its B), with
-  1F1B's warm-up and in-flight activations. The backward dependency chain across stages then carries only
-  B, which shortens the warm-up and drain bubbles; this is the handcrafted ZB-H1 ordering without the
-  paper's further W deferral, which the engine showed gains nothing once W follows B.
+* ``zb_h1`` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", Sec. 2.1, ZB-H1): the backward is split
+  into B (activation gradient, sent upstream at once) and W (weight gradient). The backward dependency
+  chain across stages carries only B, and each stage defers its W passes by as many micro-batches as it has
+  fewer warm-up forwards than stage 0 (stage s runs W(j) after B(j+s)): the later stages, which would
+  otherwise wait for the next forward, fill those gaps with weight gradients. Every stage then holds p
+  micro-batches at its peak, stage 0's 1F1B peak, and the bubble is (p−1)·(F+B−W) against 1F1B's
+  (p−1)·(F+B+W).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Task:
 
 
 # Per-stage task orders and, per stage, the micro-batches per chunk it holds at its peak (schedule_with_in_flight).
-SizedSchedule = tuple[tuple[tuple[Task, ...], ...], tuple[tuple[int, ...], ...]]
+SizedSchedule = tuple[tuple[tuple[Task, ...], ...], tuple[tuple[tuple[int, ...], ...], ...]]
 
 
 # Tasks are immutable, and every stage of a schedule (and every schedule of a search) names the same
@@ -120,36 +122,53 @@ def _interleaved(p: int, s: int, m: int, v: int) -> tuple[Task, ...]:
 def _zb_h1(p: int, s: int, m: int) -> tuple[Task, ...]:
     warmup = min(p - s - 1, m)
     order = [_task("F", i) for i in range(warmup)]
+
+    def backward(i: int) -> None:
+        order.append(_task("B", i))
+        if i >= s:  # W deferred by s micro-batches (ZB-H1)
+            order.append(_task("W", i - s))
+
     for i in range(m - warmup):
-        order += [_task("F", warmup + i), _task("B", i), _task("W", i)]
+        order.append(_task("F", warmup + i))
+        backward(i)
     for i in range(m - warmup, m):
-        order += [_task("B", i), _task("W", i)]
+        backward(i)
+    order += [_task("W", i) for i in range(max(m - s, 0), m)]
     return tuple(order)
 
 
-def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[int, ...]:
-    """Peak number of micro-batches per chunk whose activations a stage holds at once.
+def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[tuple[int, ...], ...]:
+    """The micro-batches per chunk whose activations a stage holds at each moment that can be its memory peak.
 
     A forward adds its micro-batch; the backward that consumes the activations (B, or W for zb_h1 where
-    W still needs the layer inputs) releases it. Returns a tuple of length ``v``: entry c is the count of
-    chunk-c micro-batches live at the moment the *total* live count peaks.
+    W still needs the layer inputs) releases it. Each entry is a tuple of length ``v`` (entry c: chunk-c
+    micro-batches live) taken just before a release; entries that another entry matches or exceeds in every
+    chunk are left out. With one chunk that is the single peak count; with several, chunks of different sizes
+    (uneven layer splits, the embedding and head on the end chunks) can peak at different moments, so the
+    memory peak is the largest weighted sum over these entries (:func:`simulator.cost.memory.stage_memory`),
+    not the mix at the moment the total count peaks.
     """
     release = "W" if any(t.kind == "W" for t in order) else "B"
     live = [0] * v
-    best = [0] * v
-    total = 0
-    best_total = -1
+    peaks: set[tuple[int, ...]] = set()
+    rising = False
     for t in order:
         if t.kind == "F":
             live[t.chunk] += 1
-            total += 1
+            rising = True
         elif t.kind == release:
+            if rising:
+                peaks.add(tuple(live))
+                rising = False
             live[t.chunk] -= 1
-            total -= 1
-        if total > best_total:
-            best_total = total
-            best = live.copy()
-    return tuple(best)
+    if rising or not peaks:
+        peaks.add(tuple(live))
+    return tuple(
+        sorted(
+            (a for a in peaks if not any(b != a and all(x <= y for x, y in zip(a, b, strict=True)) for b in peaks)),
+            reverse=True,
+        )
+    )
 
 
 def schedule_with_in_flight(schedule: str, p: int, m: int, v: int = 1) -> SizedSchedule:

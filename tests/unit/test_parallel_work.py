@@ -17,7 +17,7 @@ from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.graph.ops import Op
 from simulator.graph.transformer import build_graph
 from simulator.parallel.layout import resolve_layout
-from simulator.parallel.program import Comm, build_programs
+from simulator.parallel.program import Comm, attention_output_copy_bytes, build_programs, local_act_bytes
 from simulator.run import simulate
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
 from simulator.specs.library import load_calibration, load_cluster
@@ -531,10 +531,61 @@ def test_fp8_is_infeasible_on_a100() -> None:
         simulate(DENSE, load_cluster("dgx-a100-80g"), free)
 
 
+def _saved(model: ModelSpec, plan: PlanSpec, name: str, cluster: ClusterSpec = CLUSTER) -> float:
+    """Bytes one rank keeps for the backward of the forward op ``name`` of a decoder layer."""
+    layout = resolve_layout(model, cluster, plan.with_(seq_len=plan.seq_len or model.seq_len))
+    graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
+    block = "layer.moe" if model.moe is not None else "layer.dense"
+    return local_act_bytes(next(op for op in graph.block(block).forward if op.name == name), layout)
+
+
+def test_expert_inputs_are_kept_whole_on_every_tp_rank() -> None:
+    """With expert_tp = tp, Megatron-Core's token dispatcher gathers the routed tokens over TP before the
+    experts, so the first expert GEMM keeps all of them on every TP rank (its second, row-parallel GEMM keeps a
+    TP-split input); a dense first GEMM under sequence parallelism keeps its sequence-split input. With the
+    experts folded (expert_tp 1) each rank routes only its own sequence shard."""
+    one, two = _plan(dp=2, ep=2), _plan(tp=2, dp=2, ep=2)
+    assert _saved(MOE, two, "moe.experts.up") == _saved(MOE, one, "moe.experts.up") > 0
+    assert _saved(MOE, two, "moe.experts.down") == _saved(MOE, one, "moe.experts.down") / 2
+    assert _saved(DENSE, _plan(tp=2), "mlp.up") == _saved(DENSE, _plan(), "mlp.up") / 2
+    folded = _plan(tp=2, dp=1, ep=2, expert_tp=1)
+    assert _saved(MOE, folded, "moe.experts.up") == _saved(MOE, one, "moe.experts.up") / 2
+
+
+def test_expert_imbalance_scales_the_busiest_ranks_expert_activations() -> None:
+    """The busiest rank's experts see ``expert_imbalance`` times the average routed tokens: it keeps that many
+    more expert inputs and activations (and runs that much longer), while attention is unaffected."""
+    even, skewed = _plan(dp=2, ep=2), _plan(dp=2, ep=2, expert_imbalance=1.5)
+    for name in ("moe.experts.up", "moe.experts.act", "moe.experts.down"):
+        assert _saved(MOE, skewed, name) == pytest.approx(1.5 * _saved(MOE, even, name))
+    assert _saved(MOE, skewed, "attn.core") == _saved(MOE, even, "attn.core")
+
+
+def test_fp8_attention_keeps_its_own_16_bit_output() -> None:
+    """In a 16-bit run the fused attention core's saved output is the projection's saved input (counted once);
+    in FP8 the projection keeps an FP8 copy (1 byte) while the core still holds its 16-bit output."""
+    h100 = load_cluster("dgx-h100")
+    bf16, fp8 = _plan(tp=2), _plan(tp=2, precision="fp8")
+    out_bytes = 2.0 * DENSE.seq_len * DENSE.heads * DENSE.head_dim / 2  # one rank: 16-bit, heads over tp
+    assert _saved(DENSE, fp8, "attn.out", h100) == _saved(DENSE, bf16, "attn.out", h100) / 2
+    assert _saved(DENSE, fp8, "attn.core", h100) == _saved(DENSE, bf16, "attn.core", h100) + out_bytes
+    layout = resolve_layout(DENSE, h100, fp8.with_(seq_len=DENSE.seq_len))
+    layer = build_graph(DENSE, DENSE.seq_len, 1).block("layer.dense")
+    core = next(op for op in layer.forward if op.name == "attn.core")
+    assert attention_output_copy_bytes(core, layout) == out_bytes
+    assert attention_output_copy_bytes(core, resolve_layout(DENSE, h100, bf16.with_(seq_len=DENSE.seq_len))) == 0
+
+
 def test_tensor_parallel_divides_weights() -> None:
-    """Issue 3 (TP): tp=4 holds a quarter of each layer's weights per rank (embedding vocab-split too)."""
+    """Issue 3 (TP): tp=4 holds a quarter of each layer's weights per rank (embedding vocab-split too); norms
+    and a learned position table stay whole on every rank (Megatron-LM's position embedding is a plain
+    ``torch.nn.Embedding``)."""
     one = _sim(DENSE, _plan())
     four = _sim(DENSE, _plan(tp=4))
-    norms = DENSE.layers * 2 * DENSE.norm_params() + DENSE.norm_params()  # replicated, not split
-    assert four.memory[0].weights == pytest.approx(2 * ((DENSE.param_count() - norms) / 4 + norms), rel=1e-3)
+    norms = DENSE.layers * 2 * DENSE.norm_params() + DENSE.norm_params()
+    positions = DENSE.seq_len * DENSE.hidden
+    assert DENSE.position_embedding == "learned"
+    replicated = norms + positions
+    expected = 2 * ((DENSE.param_count() - replicated) / 4 + replicated)
+    assert four.memory[0].weights == pytest.approx(expected, rel=1e-3)
     assert one.memory[0].weights == 2 * DENSE.param_count()

@@ -11,7 +11,7 @@ from hypothesis import strategies as hst
 from simulator.engine.fold import FoldResult
 from simulator.engine.pipeline import PipelineInput, StageInput, lower_bound, simulate_pipeline
 from simulator.errors import SimulatorError
-from simulator.parallel.schedule import generate
+from simulator.parallel.schedule import generate, in_flight
 
 
 def _task(d: float) -> FoldResult:
@@ -76,6 +76,32 @@ def test_interleaving_divides_the_bubble_by_about_v(v: int) -> None:
 def test_zero_bubble_is_faster_than_one_f_one_b() -> None:
     """Issue 3 (schedules): ZB-H1 (B and W split) shortens the 1F1B step."""
     assert simulate_pipeline(_pipe("zb_h1", 4, 8)).step_time_s < simulate_pipeline(_pipe("1f1b", 4, 8)).step_time_s
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "b", "w"), [(2, 4, 1.0, 1.0), (4, 8, 1.0, 1.0), (8, 32, 1.2, 0.8), (4, 4, 1.0, 0.5)]
+)
+def test_zero_bubble_h1_bubble_and_memory_are_the_papers(p: int, m: int, b: float, w: float) -> None:
+    """ZB-H1 (Qi et al. 2023, Sec. 2.1): with equal stages and free sends the bubble is (p-1)(F+B-W), a third
+    of 1F1B's when F = B = W, and every stage holds p micro-batches at its peak, as stage 0 does in 1F1B."""
+    orders = generate("zb_h1", p, m)
+    stages = tuple(
+        StageInput(
+            order=orders[s],
+            fwd=(_task(1.0),),
+            bwd=(_task(b),),
+            wgt=(_task(w),),
+            dp_buckets=((),),
+            dp_tail_s=0.0,
+            optimizer_s=0.0,
+            param_gather_s=0.0,
+        )
+        for s in range(p)
+    )
+    pipe = PipelineInput(stages=stages, vp=1, send_fwd_s=(0.0,) * p, send_bwd_s=(0.0,) * p, grad_overlap=False)
+    bubble = simulate_pipeline(pipe).step_time_s - m * (1.0 + b + w)
+    assert bubble == pytest.approx((p - 1) * (1.0 + b - w))
+    assert [in_flight(order) for order in orders] == [((min(p, m),),)] * p
 
 
 def test_breakdown_sums_to_step_time() -> None:

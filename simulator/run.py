@@ -606,17 +606,17 @@ def _pipeline_input(
                 cp_network=layout.cp.crosses_network,
             )
         )
-    p = plan.pp
     act = 2.0 * layout.micro_batch * layout.seq_len / layout.cp.size * graph.model.hidden
     if layout.sequence_parallel:
         act /= layout.tp.size
-    send = comm.time(Comm("pp_send", "send_recv", layout.pp, act, "pp")) if p > 1 else 0.0
+    hops = _hops_on_network(layout.pp)
+    sends = _hop_send_times(comm, layout.pp, act, hops)
     pipe = PipelineInput(
         stages=tuple(stages),
-        hop_network=_hops_on_network(layout.pp),
+        hop_network=hops,
         vp=layout.vp,
-        send_fwd_s=(send,) * p,
-        send_bwd_s=(send,) * p,
+        send_fwd_s=sends,
+        send_bwd_s=sends,
         grad_overlap=layout.grad_overlap,
         overlap_slowdown=slowdown,
         record=record,
@@ -630,6 +630,27 @@ def _hops_on_network(pp: Group) -> tuple[bool, ...]:
     if pp.size <= 1:
         return ()
     return tuple(pp.domains > 1 and (s + 1) % pp.per_domain == 0 for s in range(pp.size))
+
+
+def _hop_send_times(comm: CommModel, pp: Group, size: float, hops: tuple[bool, ...]) -> tuple[float, ...]:
+    """Seconds to send one micro-batch's activations (or their gradients) over each pipeline hop: a hop inside
+    an NVLink domain goes over NVLink, one that leaves it over the NICs, even when other hops of the same
+    pipeline cross the network (tp·cp·dp smaller than a node puts several stages on one node)."""
+    if pp.size <= 1:
+        return (0.0,) * pp.size
+    by_link = {
+        crosses: comm.time(
+            Comm(
+                "pp_send",
+                "send_recv",
+                Group(pp.name, 2, pp.stride, 1 if crosses else 2, 2 if crosses else 1),
+                size,
+                "pp",
+            )
+        )
+        for crosses in set(hops)
+    }
+    return tuple(by_link[crosses] for crosses in hops)
 
 
 def _grad_buckets(

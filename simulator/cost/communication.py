@@ -120,12 +120,16 @@ class CommModel:
         return None, 1.0
 
     def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
+        return self._domain_rate(collective, ranks, size)[0]
+
+    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float]:
+        """(bus bandwidth at ``size``, the smallest message its curve measured; 0 without a curve)."""
         curve, scale = self._domain_curve(collective, ranks)
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
             scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
         if curve is None:
-            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale
-        return curve.at(size) * scale
+            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale, 0.0
+        return curve.at(size) * scale, 2.0 ** curve.log2_bytes[0]
 
     def _network_busbw(self, per_domain: int) -> float:
         c = self.cluster
@@ -138,8 +142,12 @@ class CommModel:
             return 0.0
         c = self.cluster
         if not group.crosses_network:
-            busbw = self._domain_busbw(collective, n, size)
-            return bus_factor(collective, n) * size / busbw
+            busbw, smallest = self._domain_rate(collective, n, size)
+            # Below the smallest message the curve measured, a collective takes as long as that message: small
+            # ones are latency-bound (Vidur's 8-GPU DGX H100 all-reduce takes 20-38 us from 2 KiB to 90 KiB,
+            # data/calibration/vidur/network/h100_dgx/all_reduce.csv), where a flat bandwidth would make a
+            # 2 KiB one take 0.5 us.
+            return bus_factor(collective, n) * max(size, smallest) / busbw
         self.uncalibrated.add(f"{collective}:network")
         k = group.per_domain
         lat = c.inter_node_latency_s

@@ -86,3 +86,44 @@ def test_network_ring_is_paced_by_the_nics_at_the_achieved_fraction_of_line_rate
         cluster.inter_node_latency_s
     )
     assert t == pytest.approx(expected)
+
+
+def test_small_collectives_take_as_long_as_the_smallest_measured_message() -> None:
+    """Below the smallest message a curve measured, time stops falling (small collectives are latency-bound):
+    an 8-GPU DGX H100 all-reduce of 2 KiB lands among Vidur's measured 2-90 KiB times, not at 0.5 us."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "data/calibration/vidur/network/h100_dgx/all_reduce.csv"
+    with path.open() as f:
+        measured = [
+            float(r["time_stats.all_reduce.median"]) * 1e-3
+            for r in csv.DictReader(f)
+            if r["num_workers"] == "8" and int(r["size"]) <= 92160
+        ]
+    cluster = replace(load_cluster("dgx-h100"), nvls=False)
+    comm = CommModel(cluster, cluster.calibration, load_calibration("default"))
+    group = place("tp", 8, 1, cluster)
+    times = [comm.time(Comm("c", "all_reduce", group, float(size), "tp")) for size in (2048, 8192, 65536, 2**20)]
+    assert min(measured) <= times[0] <= max(measured)
+    assert times[0] == times[1] <= times[2] < times[3]
+
+
+def test_pipeline_hops_inside_a_node_use_nvlink_when_others_cross_the_network() -> None:
+    """tp 2 · pp 8 on 8-GPU nodes puts four stages on each node: hops 3 and 7 leave the node, the other six
+    go over NVLink and take what a pipeline that never leaves the node takes."""
+    from simulator.run import _prepare
+    from simulator.specs.library import load_model
+    from simulator.specs.plan import PlanSpec
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    knobs = {"dp": 1, "vp": 1, "global_batch": 64, "micro_batch": 1, "recompute": "selective", "grad_overlap": True}
+    wide = _prepare(model, cluster, PlanSpec(tp=2, pp=8, **knobs), False, {}).pipe  # type: ignore[arg-type,union-attr]
+    one_node = _prepare(model, cluster, PlanSpec(tp=2, pp=4, **knobs), False, {}).pipe  # type: ignore[arg-type,union-attr]
+    assert wide.hop_network == (False, False, False, True) * 2
+    inside = {t for t, crosses in zip(wide.send_fwd_s, wide.hop_network, strict=True) if not crosses}
+    across = {t for t, crosses in zip(wide.send_fwd_s, wide.hop_network, strict=True) if crosses}
+    assert inside == set(one_node.send_fwd_s)
+    assert len(across) == 1
+    assert across.pop() > 3 * inside.pop()
+    assert wide.send_bwd_s == wide.send_fwd_s

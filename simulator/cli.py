@@ -319,7 +319,8 @@ def _cluster_text(c: Any) -> str:
     lines = [
         f"cluster {c.name}",
         f"  {c.gpus_per_node} GPUs per node, NVLink domain of {c.nvlink_domain_gpus} GPUs",
-        f"  NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s per GPU per direction, NVLS "
+        f"  NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s per GPU per direction"
+        f"{', direct mesh (a group of k uses k-1 peer links)' if c.nvlink_topology == 'mesh' else ''}, NVLS "
         f"{'yes' if c.nvls else 'no'}",
         f"  {c.nics_per_node} NICs x {c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s per node "
         f"({c.nic_bandwidth_per_gpu_bytes_per_s / 1e9:.1f} GB/s per GPU), {c.topology.replace('_', '-')}, "

@@ -560,7 +560,7 @@ def _pipeline_input(
         bwd: list[FoldResult] = []
         wgt: list[FoldResult] = []
         buckets: list[tuple[float, ...]] = []
-        local_params = 0.0
+        local_dense = local_expert = 0.0
         for chunk in stage_chunks:
             cached = folds.get(chunk.blocks)
             if cached is None:
@@ -577,16 +577,24 @@ def _pipeline_input(
             wgt.append(cached[2])
             hw_flops += cached[3] * m
             dense, expert = chunk_params(graph, layout, chunk)
-            local_params += dense + expert
+            local_dense += dense
+            local_expert += expert
             buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_params) if zero < 3 else ())
-        # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer over dp); the gradient buffer it
-        # zeroes is sharded only from ZeRO-2 on (graph.transformer.optimizer_bytes).
-        opt_params = local_params / (layout.dp.size if zero >= 1 else 1)
+        local_params = local_dense + local_expert
+        # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer of dense parameters over dp and
+        # of the routed experts' over the expert-data-parallel group, as cost.memory counts it); the gradient
+        # buffer it zeroes is sharded only from ZeRO-2 on (graph.transformer.optimizer_bytes).
+        opt_params = local_dense / layout.dp.size + local_expert / layout.edp.size if zero >= 1 else local_params
         opt_op = graph.optimizer_step(plan.precision, grad_b, opt_params, opt_params if zero >= 2 else local_params)
         optimizer_s = compute.time(opt_op)
         param_gather_s = 0.0
-        if zero in (1, 2) and layout.dp.size > 1:
-            param_gather_s = comm.time(Comm("param_all_gather", "all_gather", layout.dp, 2.0 * local_params, "dp"))
+        if zero in (1, 2):
+            # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
+            param_gather_s = comm.time(Comm("param_all_gather", "all_gather", layout.dp, 2.0 * local_dense, "dp"))
+            if local_expert:
+                param_gather_s += comm.time(
+                    Comm("expert_param_all_gather", "all_gather", layout.edp, 2.0 * local_expert, "dp")
+                )
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size

@@ -8,7 +8,8 @@ for a group of n ranks and a buffer of S bytes, ``time = factor(n) · S / busbw 
 * inside one NVLink domain, the measured curve of the cluster's calibration table for the collective and
   the nearest group size (it already contains latency, so none is added), or of its ``fabric_calibration``
   table (measured on an identical NVLink fabric) where its own has none; without either, the NVLink
-  bandwidth times the default efficiency curve of the default table;
+  bandwidth times the default efficiency curve of the default table. On a direct mesh (``nvlink_topology:
+  mesh``) a group of k GPUs uses k − 1 of the n − 1 peer links, so it gets that fraction of the bandwidth;
 * across domains, the network: each member brings its share of the node's NICs
   (``nics · nic_bandwidth / gpus_per_node``), so a ring with k members per node reaches k times that
   share, divided by the topology's oversubscription, times the achieved fraction of line rate
@@ -127,6 +128,9 @@ class CommModel:
         curve, scale = self._domain_curve(collective, ranks)
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
             scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
+        if self.cluster.nvlink_topology == "mesh":
+            # Direct peer links: a group of k reaches its peers over k - 1 of the domain's n - 1 links.
+            scale *= min(ranks - 1, self.cluster.nvlink_domain_gpus - 1) / max(self.cluster.nvlink_domain_gpus - 1, 1)
         if curve is None:
             return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale, 0.0
         return curve.at(size) * scale, 2.0 ** curve.log2_bytes[0]

@@ -21,10 +21,14 @@ durations. Collective placement follows Megatron-LM:
   bytes). Alternatively an exposed all-gather of KV (Llama 3) or all-to-alls of q, k, v and the output
   (DeepSpeed-Ulysses). Each also runs the copies and output merges of TE's implementation.
 * Expert parallelism (Lepikhin et al. 2020, GShard; Megatron-Core token dispatcher): an all-to-all
-  dispatches routed tokens to their experts and another combines them, in forward and backward.
+  dispatches routed tokens to their experts and another combines them, in forward and backward. With
+  TP-split experts it moves each rank's sequence shard, and a TP all-gather after it (reduce-scatter before
+  the combine) hands every TP rank all the tokens of its experts (the all-to-all dispatcher); without
+  expert parallelism the hidden states are gathered over TP before the router (the all-gather dispatcher).
 * ZeRO-3 / FSDP (Rajbhandari et al. 2020; Zhao et al. 2023): each layer's parameters are all-gathered
   before its forward (prefetched during the previous layer) and again before its backward; its gradients
-  are reduce-scattered after its backward, asynchronously.
+  are reduce-scattered after its backward, asynchronously. Routed experts' parameters use the
+  expert-data-parallel group.
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     tp = layout.tp.size
     cp = layout.cp.size
     folded = _folded(op, layout)
-    tok_div = cp * (tp if (layout.sequence_parallel and op.sp_tokens) or folded else 1)
+    tok_div = cp * (tp if (layout.sequence_parallel and op.sp_tokens) or _routes_own_shard(op, layout) else 1)
     tp_div = tp if op.tp_axis and not folded else 1
     changes: dict[str, object] = {"act_bytes": local_act_bytes(op, layout), "params": local_params(op, layout)}
     if op.kind == "memory":
@@ -142,6 +146,23 @@ def _folded(op: Op, layout: Layout) -> bool:
     """Whether ``op`` runs folded: expert_tp 1 under tp > 1, so the routed part of the MoE block works on the
     tokens this TP rank holds (sequence parallelism) with whole experts, and needs no TP collective."""
     return layout.experts_folded and _routed(op.name)
+
+
+def _gathers_after_dispatch(layout: Layout) -> bool:
+    """Whether the MoE block runs Megatron-Core's all-to-all token dispatcher with TP-split experts (expert_tp =
+    tp > 1, ep > 1, sequence parallelism): the router and the permutation work on this rank's sequence shard,
+    the expert-parallel all-to-all moves only those tokens, and a TP all-gather after it (a reduce-scatter
+    before the combining all-to-all) gives every TP rank all the routed tokens of its experts
+    (``MoEAlltoAllTokenDispatcher``: ``token_dispatch``, then ``gather_from_sequence_parallel_region`` in
+    ``dispatch_postprocess``). Without expert parallelism the block keeps the all-gather dispatcher's order,
+    Megatron's default: the hidden states are gathered over TP before the router."""
+    return not layout.experts_folded and layout.ep.size > 1 and layout.tp.size > 1 and layout.sequence_parallel
+
+
+def _routes_own_shard(op: Op, layout: Layout) -> bool:
+    """Whether ``op`` (router to un-permutation) works on the tokens of this TP rank's sequence shard only: the
+    whole routed part with folded experts, the permutations with the all-to-all dispatcher."""
+    return _folded(op, layout) or (op.name in ("moe.permute", "moe.unpermute") and _gathers_after_dispatch(layout))
 
 
 def local_act_bytes(op: Op, layout: Layout) -> float:
@@ -241,12 +262,11 @@ def _gather_ahead(
 ) -> None:
     """ZeRO-3 before block instance ``j`` (in the order it runs): gather its parameters if it is the first,
     prefetch the next one's, then wait for its own (labels ``prefix`` + index)."""
-    if j == 0:
-        name, f_ops, _ = instances[0]
-        builder.comm(_param_gather(f_ops, layout, name), stream="dp", label=f"{prefix}0")
-    if j + 1 < len(instances):
-        name, f_ops, _ = instances[j + 1]
-        builder.comm(_param_gather(f_ops, layout, name), stream="dp", label=f"{prefix}{j + 1}")
+    for k in (0, j + 1) if j == 0 else (j + 1,):
+        if k < len(instances):
+            name, f_ops, _ = instances[k]
+            for comm in _param_gathers(f_ops, layout, name):
+                builder.comm(comm, stream="dp", label=f"{prefix}{k}")
     builder.wait_for(f"{prefix}{j}")
 
 
@@ -354,19 +374,34 @@ def _build_cached(
             if accumulate is not None:
                 (wgt if split_w else bwd).compute(accumulate)
         if zero3:
-            (wgt if split_w else bwd).comm(_grad_scatter(f_ops, layout, name), stream="dp", join=0)
+            for comm in _grad_scatters(f_ops, layout, name):
+                (wgt if split_w else bwd).comm(comm, stream="dp", join=0)
     return fwd.finish(), bwd.finish(), wgt.finish()
 
 
-def _param_gather(f_ops: list[Op], layout: Layout, name: str) -> Comm:
-    params = sum(op.params for op in f_ops)
-    return Comm(f"{name}.param_all_gather", "all_gather", layout.dp, float(2 * params), "dp")
+def _sharding_groups(f_ops: list[Op], layout: Layout) -> list[tuple[str, Group, int]]:
+    """(label, group, local parameters) of a block under ZeRO-3: dense parameters are sharded over the
+    data-parallel group, the routed experts' over the expert-data-parallel group (Megatron-Core keeps expert
+    parameters in their own buffers, reduced and gathered over that group)."""
+    expert = sum(op.params for op in f_ops if _is_expert_gemm(op))
+    parts = [("", layout.dp, sum(op.params for op in f_ops) - expert)]
+    if expert:
+        parts.append(("expert_", layout.edp, expert))
+    return parts
 
 
-def _grad_scatter(f_ops: list[Op], layout: Layout, name: str) -> Comm:
-    params = sum(op.params for op in f_ops)
-    size = float(layout.plan.grad_bytes * params)
-    return Comm(f"{name}.grad_reduce_scatter", "reduce_scatter", layout.dp, size, "dp")
+def _param_gathers(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
+    return [
+        Comm(f"{name}.{tag}param_all_gather", "all_gather", group, float(2 * params), "dp")
+        for tag, group, params in _sharding_groups(f_ops, layout)
+    ]
+
+
+def _grad_scatters(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
+    return [
+        Comm(f"{name}.{tag}grad_reduce_scatter", "reduce_scatter", group, float(layout.plan.grad_bytes * params), "dp")
+        for tag, group, params in _sharding_groups(f_ops, layout)
+    ]
 
 
 def _grad_accumulate(f_ops: list[Op], layout: Layout, name: str) -> Op | None:
@@ -423,7 +458,9 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
     h = graph.model.hidden
     fwd_overlap = 2 if layout.tp_overlap else 1
     shared_after_unpermute = any(op.name.startswith("moe.shared") for op in ops)
-    starts, ends = (_FOLDED_REGION_START, _FOLDED_REGION_END) if layout.experts_folded else (_REGION_START, _REGION_END)
+    gathered = _gathers_after_dispatch(layout)
+    local = layout.experts_folded or gathered
+    starts, ends = (_FOLDED_REGION_START, _FOLDED_REGION_END) if local else (_REGION_START, _REGION_END)
     for op in ops:
         region = starts.get(op.name)
         if region is not None:
@@ -433,8 +470,12 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
         if op.name in ("moe.permute",) and layout.ep.size > 1:
             _emit_compute(b, op, layout)
             b.comm(_a2a(layout, graph, f"{block}.dispatch"))
+            if gathered:
+                b.comm(_expert_tp_comm(layout, graph, f"{block}.dispatch", "all_gather"))
             continue
         if op.name == "moe.unpermute" and layout.ep.size > 1:
+            if gathered:
+                b.comm(_expert_tp_comm(layout, graph, f"{block}.combine", "reduce_scatter"))
             b.comm(_a2a(layout, graph, f"{block}.combine"))
         _emit_compute(b, op, layout)
         end = ends.get(op.name)
@@ -635,10 +676,22 @@ _EMIT_CP = {"p2p": _emit_cp_p2p, "all_gather": _emit_cp_all_gather, "a2a": _emit
 def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:
     moe = graph.model.moe
     assert moe is not None
-    # Tokens were gathered over TP before the router (sequence parallelism), unless the experts are folded.
-    tokens = _tokens(layout) // (layout.tp.size if layout.experts_folded else 1)
+    # The tokens of this rank's sequence shard with folded experts or the all-to-all dispatcher; otherwise they
+    # were gathered over TP before the router.
+    local = layout.experts_folded or _gathers_after_dispatch(layout)
+    tokens = _tokens(layout) // (layout.tp.size if local else 1)
     size = float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
     return Comm(f"{tag}.all_to_all", "all_to_all", layout.ep, size, "ep")
+
+
+def _expert_tp_comm(layout: Layout, graph: ModelGraph, tag: str, collective: str) -> Comm:
+    """The all-to-all dispatcher's TP all-gather of the routed tokens after the dispatch (``all_gather``) or
+    reduce-scatter before the combine: every TP rank ends with all routed tokens of its experts (gathered size,
+    the busiest rank's share)."""
+    moe = graph.model.moe
+    assert moe is not None
+    size = float(ACT_BYTES * _tokens(layout) * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
+    return Comm(f"{tag}.{collective}", collective, layout.tp, size, "tp")
 
 
 def _emit_recompute(b: _Builder, block: str, f_ops: list[Op], layout: Layout, graph: ModelGraph) -> None:
@@ -683,9 +736,10 @@ def _emit_backward(
 ) -> None:
     h = graph.model.hidden
     started: set[str] = set()
+    gathered = _gathers_after_dispatch(layout)
     starts, ends, gathers = (
         (_FOLDED_BWD_REGION_START, _FOLDED_BWD_REGION_END, _FOLDED_DGRAD_WITH_INPUT_GATHER)
-        if layout.experts_folded
+        if layout.experts_folded or gathered
         else (_BWD_REGION_START, _BWD_REGION_END, _DGRAD_WITH_INPUT_GATHER)
     )
     for op in ops:
@@ -698,8 +752,12 @@ def _emit_backward(
         if op.name == "moe.unpermute.bwd" and layout.ep.size > 1:
             _emit_compute(b, op, layout)
             b.comm(_a2a(layout, graph, f"{block}.combine.bwd"))
+            if gathered:  # the gradient of the combine's reduce-scatter
+                b.comm(_expert_tp_comm(layout, graph, f"{block}.combine.bwd", "all_gather"))
             continue
         if op.name == "moe.permute.bwd" and layout.ep.size > 1:
+            if gathered:  # the gradient of the dispatch's all-gather
+                b.comm(_expert_tp_comm(layout, graph, f"{block}.dispatch.bwd", "reduce_scatter"))
             b.comm(_a2a(layout, graph, f"{block}.dispatch.bwd"))
         if op.phase == "bwd_weight" and w is not None:
             w.compute(op)

@@ -22,6 +22,10 @@ __all__ = ["PRECISIONS", "TOPOLOGIES", "ClusterSpec", "DeviceSpec"]
 
 PRECISIONS = ("fp64", "tf32", "fp16", "bf16", "fp8")
 TOPOLOGIES = ("rail_optimized", "fat_tree")
+# How the GPUs of one scale-up domain are wired: through switches (NVSwitch: any group reaches the full per-GPU
+# bandwidth) or as a direct mesh (AMD Infinity Fabric, DGX-1's NVLink cube-mesh: a GPU reaches each peer over
+# its own links, so a group of k uses k - 1 of the n - 1 peer links; communication.CommModel).
+NVLINK_TOPOLOGIES = ("switch", "mesh")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +108,8 @@ class ClusterSpec:
     ``nvlink_bandwidth_bytes_per_s`` is per GPU and per direction (the figure NVIDIA quotes as 900 GB/s for
     H100 is both directions: 450 GB/s each way). ``nic_bandwidth_bytes_per_s`` is per NIC, one direction.
     ``nvlink_domain_gpus`` is how many GPUs share one NVLink domain (8 for a DGX, 72 for GB200 NVL72).
+    ``nvlink_topology`` is ``switch`` (NVSwitch) or ``mesh`` (direct peer links: ``nvlink_bandwidth`` is then
+    the all-links figure, of which a group of k GPUs uses (k − 1) / (domain − 1)).
     """
 
     name: str
@@ -112,6 +118,7 @@ class ClusterSpec:
     nvlink_bandwidth_bytes_per_s: float
     nvls: bool = False
     nvlink_domain_gpus: int = 0  # 0 means gpus_per_node
+    nvlink_topology: str = "switch"
     nics_per_node: int
     nic_bandwidth_bytes_per_s: float
     topology: str = "rail_optimized"
@@ -130,7 +137,7 @@ class ClusterSpec:
         check_scalar_types(self)
         if not isinstance(self.device, DeviceSpec):
             raise SpecError("device", f"must be a DeviceSpec, got {type(self.device).__name__}", "load_device(name)")
-        check_choices(self, {"topology": TOPOLOGIES})
+        check_choices(self, {"topology": TOPOLOGIES, "nvlink_topology": NVLINK_TOPOLOGIES})
         check_positive(self, ("nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s"), "give the datasheet figure")
         check_ranges(self, {"gpus_per_node": 1, "nics_per_node": 1, "nvlink_domain_gpus": 0, "max_gpus": 1})
         check_ranges(self, {"oversubscription": 1.0}, "1 is a non-blocking fabric")
@@ -188,6 +195,7 @@ class ClusterSpec:
             "nvlink_bandwidth_bytes_per_s": f.number("nvlink_bandwidth_gb_per_s", positive=True) * GB,
             "nvls": f.boolean("nvls", False),
             "nvlink_domain_gpus": f.integer("nvlink_domain_gpus", 0, minimum=1),
+            "nvlink_topology": f.choice("nvlink_topology", NVLINK_TOPOLOGIES, "switch"),
             "nics_per_node": f.integer("nics_per_node", minimum=1),
             "nic_bandwidth_bytes_per_s": f.number("nic_bandwidth_gbit_per_s", positive=True) * GBIT,
             "topology": f.choice("topology", TOPOLOGIES, "rail_optimized"),

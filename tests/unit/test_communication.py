@@ -9,6 +9,7 @@ import pytest
 from simulator.cost.communication import NETWORK_EFFICIENCY, NVLS_GAIN, CommModel
 from simulator.parallel.layout import place
 from simulator.parallel.program import Comm
+from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import load_calibration, load_cluster
 
 SIZE = 256 * 2**20
@@ -127,3 +128,20 @@ def test_pipeline_hops_inside_a_node_use_nvlink_when_others_cross_the_network() 
     assert len(across) == 1
     assert across.pop() > 3 * inside.pop()
     assert wide.send_bwd_s == wide.send_fwd_s
+
+
+@pytest.mark.parametrize(("ranks", "links"), [(2, 1), (4, 3), (8, 7)])
+def test_a_direct_mesh_gives_a_group_only_its_peer_links(ranks: int, links: int) -> None:
+    """MI300X's Infinity Fabric is a full mesh of 7 links of 64 GB/s per GPU: a pair shares one link, 8 GPUs use
+    all 7, so a group of k gets (k - 1)/7 of the all-links bandwidth an NVSwitch would give any group."""
+    mesh = load_cluster("mi300x-8")
+    assert mesh.nvlink_topology == "mesh"
+    switch = replace(mesh, nvlink_topology="switch")
+    group = place("tp", ranks, 1, mesh)
+
+    def seconds(cluster: ClusterSpec) -> float:
+        return CommModel(cluster, cluster.calibration, load_calibration("default")).time(
+            Comm("c", "all_reduce", group, SIZE, "tp")
+        )
+
+    assert seconds(mesh) / seconds(switch) == pytest.approx(7 / links)

@@ -301,8 +301,9 @@ def test_moe_parallel_folding_spreads_whole_experts_over_tp_ranks() -> None:
     """MoE parallel folding (Megatron-Core --expert-tensor-parallel-size 1): with tp 2, dp 2 and ep 4 the expert
     group reaches across the TP ranks, which ep must not do with the experts TP-split (ep ∤ dp·cp), so expert_tp
     1 is the only placement and is reported. Each rank then runs whole experts (a quarter of the expert weights,
-    not an eighth) on the tokens its TP rank holds, the routed part needs no TP collective, and the all-to-all
-    carries half the tokens of the TP-split placement."""
+    not an eighth) on the tokens its TP rank holds and the routed part needs no TP collective. The all-to-all
+    carries the rank's sequence shard in both placements (Megatron-Core's all-to-all dispatcher); the TP-split
+    one then gathers the routed tokens over TP before its experts and reduce-scatters them before the combine."""
     moe = replace(MOE, moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=2048))
     split = _plan(tp=2, dp=4, ep=4, global_batch=8)
     folded = _plan(tp=2, dp=2, ep=4, global_batch=8)
@@ -325,7 +326,14 @@ def test_moe_parallel_folding_spreads_whole_experts_over_tp_ranks() -> None:
     assert not any(".mlp." in name for name in tp_comms)
     (a2a_folded,) = {c.size_bytes for c in _comms(moe, folded) if c.kind == "ep"}
     (a2a_split,) = {c.size_bytes for c in _comms(moe, split) if c.kind == "ep"}
-    assert a2a_folded == pytest.approx(a2a_split / 2)
+    assert a2a_folded == pytest.approx(a2a_split)
+    around_experts = [
+        c for c in _comms(moe, split) if c.kind == "tp" and (".dispatch." in c.name or ".combine." in c.name)
+    ]
+    # Per layer (two here), forward and backward: an all-gather and a reduce-scatter each.
+    assert Counter(c.collective for c in around_experts) == {"all_gather": 4, "reduce_scatter": 4}
+    assert not any(".mlp." in c.name for c in _comms(moe, split) if c.kind == "tp")  # nothing before the router
+    assert {c.size_bytes for c in around_experts} == {a2a_split * 2}  # gathered over tp 2
     result = _sim(moe, folded)
     assert result.feasible
     assert result.chosen["expert_tp"] == 1
@@ -589,3 +597,17 @@ def test_tensor_parallel_divides_weights() -> None:
     expected = 2 * ((DENSE.param_count() - replicated) / 4 + replicated)
     assert four.memory[0].weights == pytest.approx(expected, rel=1e-3)
     assert one.memory[0].weights == 2 * DENSE.param_count()
+
+
+def test_zero3_gathers_and_scatters_expert_parameters_over_the_expert_data_parallel_group() -> None:
+    """Megatron-Core shards the routed experts' parameters over the expert-data-parallel group (tp·dp·cp over
+    ep·expert_tp ranks), the dense ones over dp: a MoE layer's ZeRO-3 gathers and scatters use one each."""
+    comms = _comms(MOE, _plan(dp=4, ep=2, zero_stage=3))
+    groups = {c.name.rsplit(".", 1)[1]: c.group.size for c in comms if c.kind == "dp"}
+    assert groups == {
+        "param_all_gather": 4,
+        "expert_param_all_gather": 2,
+        "grad_reduce_scatter": 4,
+        "expert_grad_reduce_scatter": 2,
+    }
+    assert not any("expert_" in c.name for c in _comms(DENSE, _plan(dp=4, zero_stage=3)))

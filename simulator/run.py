@@ -24,7 +24,7 @@ from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput,
 from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
-from simulator.parallel.program import Comm, Program, build_programs, chunk_params
+from simulator.parallel.program import Comm, Program, build_programs, chunk_params, expert_load
 from simulator.parallel.schedule import Task, generate, schedule_with_in_flight
 from simulator.parallel.stages import Chunk, partition
 from simulator.specs.calibration import CalibrationTable
@@ -531,8 +531,10 @@ def _timed(program: Program, compute: ComputeModel, comm: CommModel) -> list[Tim
     return out
 
 
-def _program_flops(program: Program) -> float:
-    return sum(s.work.flops for s in program if not isinstance(s.work, Comm))
+def _program_flops(program: Program, layout: Layout) -> float:
+    """FLOPs one rank of average load executes: the programs time the busiest rank's experts (expert
+    imbalance), but the cluster as a whole does the mean amount of expert work."""
+    return sum(s.work.flops / expert_load(s.work, layout) for s in program if not isinstance(s.work, Comm))
 
 
 def _pipeline_input(
@@ -569,7 +571,7 @@ def _pipeline_input(
                     fold(_timed(f_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
                     fold(_timed(b_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
                     fold(_timed(w_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
-                    _program_flops(f_prog) + _program_flops(b_prog) + _program_flops(w_prog),
+                    _program_flops(f_prog, layout) + _program_flops(b_prog, layout) + _program_flops(w_prog, layout),
                 )
                 folds[chunk.blocks] = cached
             fwd.append(cached[0])

@@ -146,6 +146,13 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     if cp > 1:
         # Load-balanced causal ring attention splits each sequence into 2·cp chunks (Megatron-LM / TE).
         _require(seq_len % (2 * cp) == 0, f"'2·cp' must divide 'seq_len': cp={cp}, seq_len={seq_len}")
+        # Megatron-Core's own DotProductAttention asserts "Context parallelism is only supported by
+        # TEDotProductAttention": the KV exchange lives in Transformer Engine's fused attention.
+        _require(
+            plan.attention != "unfused",
+            f"context parallelism needs a fused attention kernel: cp={cp}, attention=unfused; "
+            "use attention flash, flash2 or cudnn, or cp=1",
+        )
         if plan.cp_comm == "a2a":
             # Ulysses-style CP scatters heads over the CP ranks: each TP rank's query and KV heads must split
             # evenly (Transformer Engine's AttnFuncWithCPAndQKVOA2A asserts both).

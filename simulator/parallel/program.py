@@ -43,12 +43,14 @@ from simulator.parallel.layout import Group, Layout
 from simulator.parallel.stages import Chunk
 
 __all__ = [
+    "SELECTIVE_RECOMPUTE_OPS",
     "Comm",
     "Program",
     "Step",
     "attention_output_copy_bytes",
     "build_programs",
     "chunk_params",
+    "expert_load",
     "fp8_gemm",
     "local_act_bytes",
     "local_params",
@@ -105,7 +107,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     tp_div = tp if op.tp_axis and not folded else 1
     changes: dict[str, object] = {"act_bytes": local_act_bytes(op, layout), "params": local_params(op, layout)}
     if op.kind == "memory":
-        scale = _expert_load(op, layout) / (tok_div * (tp_div if op.tp_axis == "bytes" else 1))
+        scale = expert_load(op, layout) / (tok_div * (tp_div if op.tp_axis == "bytes" else 1))
         changes["read_bytes"] = op.read_bytes * scale
         changes["write_bytes"] = op.write_bytes * scale
         return op.with_(**changes)
@@ -122,7 +124,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
         ep = layout.ep.size
         field = op.tok_axis
         base = int(changes.get(field, getattr(op, field)))  # type: ignore[call-overload]
-        changes[field] = max(1, math.ceil(base * ep * _expert_load(op, layout)))
+        changes[field] = max(1, math.ceil(base * ep * expert_load(op, layout)))
         changes["batch"] = op.batch // ep
     return op.with_(**changes)
 
@@ -131,7 +133,7 @@ def _is_expert_gemm(op: Op) -> bool:
     return op.kind == "gemm" and op.batch > 1 and op.name.startswith("moe.experts")
 
 
-def _expert_load(op: Op, layout: Layout) -> float:
+def expert_load(op: Op, layout: Layout) -> float:
     """How many times the average routed tokens the busiest rank's experts process: the plan's expert imbalance
     for the routed experts' ops (their GEMMs, activation and saved inputs), 1 for every other op."""
     return layout.plan.expert_imbalance if op.name.startswith("moe.experts") else 1.0
@@ -176,7 +178,7 @@ def local_act_bytes(op: Op, layout: Layout) -> float:
     # every TP rank keeps all the routed tokens its experts see.
     sp_split = layout.sequence_parallel and tp > 1 and not _is_expert_gemm(op)
     act_split = op.tp_axis not in ("", "n", "vocab") or sp_split or _folded(op, layout)
-    act = op.act_bytes * _expert_load(op, layout) / (layout.cp.size * (tp if act_split else 1))
+    act = op.act_bytes * expert_load(op, layout) / (layout.cp.size * (tp if act_split else 1))
     if op.kind == "gemm" and fp8_gemm(op, layout):
         act /= 2  # Transformer Engine keeps the FP8 copy of a GEMM input for the backward pass (1 byte)
     return act + attention_output_copy_bytes(op, layout)
@@ -694,14 +696,18 @@ def _expert_tp_comm(layout: Layout, graph: ModelGraph, tag: str, collective: str
     return Comm(f"{tag}.{collective}", collective, layout.tp, size, "tp")
 
 
+# What selective recomputation re-runs besides a fused attention core: the unfused core's score product, softmax,
+# softmax dropout and context product (Korthikanti et al. 2022, Sec. 5), not the residual dropout-add after the
+# output projection. cost.memory drops the same tensors.
+SELECTIVE_RECOMPUTE_OPS = frozenset({"attn.scores", "attn.softmax", "attn.dropout", "attn.context"})
+
+
 def _emit_recompute(b: _Builder, block: str, f_ops: list[Op], layout: Layout, graph: ModelGraph) -> None:
     if layout.recompute == "full":
         _emit_forward(b, f"{block}.recompute", f_ops, layout, graph)
     elif layout.recompute == "selective":
         for op in f_ops:
-            if op.kind == "attention" or op.name.startswith(
-                ("attn.scores", "attn.softmax", "attn.dropout", "attn.context")
-            ):
+            if op.kind == "attention" or op.name in SELECTIVE_RECOMPUTE_OPS:
                 _emit_compute(b, op.with_(act_bytes=0.0), layout)
 
 

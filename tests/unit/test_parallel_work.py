@@ -416,6 +416,35 @@ def test_selective_recompute_adds_only_the_attention_core() -> None:
     assert sel.hardware_flops - none.hardware_flops == pytest.approx(core, rel=1e-9)
 
 
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_selective_recompute_reruns_no_op_outside_the_attention_core(attention: str) -> None:
+    """The recomputed ops are the core's (fused kernel, or the unfused scores, softmax, softmax dropout and
+    context; Korthikanti et al. 2022, Sec. 5); the residual dropout-add after the projection is not one."""
+    plan = _plan(recompute="selective", attention=attention, seq_len=1024)
+    layout = resolve_layout(DENSE, CLUSTER, plan)
+    bwd = build_programs(build_graph(DENSE, 1024, 1, attention), layout, (("layer.dense", 1),))[1]
+    fwd_names = {op.name for op in build_graph(DENSE, 1024, 1, attention).block("layer.dense").forward}
+    rerun = {s.work.name for s in bwd if isinstance(s.work, Op) and s.work.name in fwd_names}
+    unfused_core = {"attn.scores", "attn.softmax", "attn.dropout", "attn.context"} & fwd_names  # dropout if any
+    assert rerun == ({"attn.core"} if attention == "flash" else unfused_core)
+    assert "attn.dropout_add" in fwd_names
+
+
+def test_expert_imbalance_slows_the_step_but_adds_no_hardware_flops() -> None:
+    """The busiest rank sets the pace, but imbalance (max over mean) moves work between ranks: the cluster's
+    executed FLOPs, and so HFU's numerator, stay those of an even load."""
+    even = _sim(MOE, _plan(dp=2, ep=2))
+    skewed = _sim(MOE, _plan(dp=2, ep=2, expert_imbalance=1.5))
+    assert skewed.step_time_s > even.step_time_s
+    assert skewed.hardware_flops == pytest.approx(even.hardware_flops, rel=1e-3)
+
+
+def test_context_parallelism_needs_a_fused_attention_kernel() -> None:
+    """Megatron-Core's own DotProductAttention refuses context parallelism (only TE's fused attention does it)."""
+    with pytest.raises(InfeasiblePlanError, match="context parallelism needs a fused attention kernel"):
+        resolve_layout(DENSE, CLUSTER, _plan(cp=2, attention="unfused", seq_len=1024))
+
+
 def test_block_recompute_recomputes_the_first_layers_of_each_chunk() -> None:
     """Megatron-LM's block method (``--recompute-num-layers N``): with pp 2 each stage's chunk holds two of the
     four layers; recomputing the first one of each adds half of full recomputation's FLOPs, and the first stage

@@ -2,7 +2,8 @@
 
 :func:`simulate` is the public entry point. It resolves free knobs by trying candidate values (the
 fastest plan that fits in memory wins; for each micro-batch size and interleaving depth the least
-recomputation that fits is taken, since recomputation only ever adds time), builds the per-stage work, asks
+recomputation that fits is taken, since more of the same recomputation only adds time, and where that is
+selective recomputation, the fewest fully recomputed layers that fit compete with it), builds the per-stage work, asks
 the cost models for durations, and runs the discrete-event engine. Everything it returns is plain data.
 Nothing here models physics; it only wires the layers together.
 """
@@ -273,6 +274,16 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
         got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start)
         if isinstance(got, _Prepared):
             prepared.append((lower_bound(got.pipe), index, got))
+            if plan.recompute is None and got.plan.recompute == "selective":
+                # Selective and full recomputation trade memory for time differently (with a fused attention
+                # kernel selective saves little memory, yet costs the attention core again): the fewest fully
+                # recomputed layers that fit compete too.
+                options = _recompute_options(model, candidate)
+                more, _ = _first_fitting_recompute(
+                    model, cluster, candidate, plan, options.index(("selective", None)) + 1
+                )
+                if isinstance(more, _Prepared):
+                    prepared.append((lower_bound(more.pipe), index, more))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
             fallback = got
     finished: list[tuple[int, StepResult]] = []
@@ -305,7 +316,13 @@ def _check_precision(cluster: ClusterSpec, plan: PlanSpec) -> None:
 
 
 def _first_structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> str:
-    for candidate in _candidates(model, plan):
+    candidates = _candidates(model, plan)
+    if not candidates:
+        # Every value of the free knobs was left out before sizing (interleaving with micro-batches that are not
+        # a multiple of pp): say why for the smallest of them.
+        vp = plan.vp or (2 if _schedule(plan) == "interleaved" else 1)
+        candidates = [replace(plan, micro_batch=plan.micro_batch or 1, vp=vp, grad_overlap=plan.grad_overlap or False)]
+    for candidate in candidates:
         trial = replace(candidate, recompute=candidate.recompute or "full")
         try:
             resolve_layout(model, cluster, trial)
@@ -334,7 +351,8 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
         vps = [1]
     else:
         per_stage = -(-model.layers // plan.pp)
-        vps = [v for v in range(2, per_stage + 1) if per_stage % v == 0 and model.layers >= plan.pp * v]
+        # pp·vp may exceed the layers by the embedding and the loss (resolve_layout's rule).
+        vps = [v for v in range(2, per_stage + 1) if per_stage % v == 0 and model.layers + 2 >= plan.pp * v]
         if plan.schedule is None:
             vps = [1, *vps]  # an explicit interleaved schedule needs vp >= 2
     # Overlap is usually faster, but overlapped compute is slowed down (overlap_slowdown): try both.

@@ -126,9 +126,10 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     assert mb is not None
     vp = plan.vp or 1
     _require(model.heads % tp == 0, f"'tp' must divide 'heads': tp={tp}, heads={model.heads}")
+    # Megatron-Core splits the KV heads (query groups) over tp: divide(num_query_groups, tp) asserts.
     _require(
-        model.kv_heads % tp == 0 or tp % model.kv_heads == 0,
-        f"'tp' and 'kv_heads' must divide one another: tp={tp}, kv_heads={model.kv_heads}",
+        model.kv_heads % tp == 0,
+        f"'tp' must divide 'kv_heads' (Megatron-Core splits the KV heads over tp): tp={tp}, kv_heads={model.kv_heads}",
     )
     if vp > 1:
         _require(pp > 1, f"interleaving ('vp' > 1) needs a pipeline: vp={vp}, pp={pp}; use pp >= 2 or vp=1")
@@ -202,9 +203,20 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     sp = bool(plan.sequence_parallel) if plan.sequence_parallel is not None else tp > 1
     if tp == 1:
         sp = False
+    if sp:
+        # Sequence parallelism splits each micro-batch's local sequence over tp (_split_along_first_dim asserts).
+        _require(
+            (seq_len // cp) % tp == 0,
+            f"sequence parallelism needs 'tp' to divide the tokens of each sequence on a CP rank: tp={tp}, "
+            f"seq_len/cp={seq_len // cp}; change seq_len or turn sequence_parallel off",
+        )
     if etp != tp:
         # Folded experts take the tokens each TP rank holds, which needs them split (Megatron-Core asserts it).
         _require(sp, f"expert_tp 1 with tp={tp} needs sequence parallelism; turn it on or use expert_tp {tp}")
+    elif ep > 1 and tp > 1:
+        # TransformerConfig: "When using expert parallelism and tensor parallelism, sequence parallelism must be
+        # used".
+        _require(sp, f"ep={ep} with tp={tp} needs sequence parallelism (Megatron-Core); turn it on")
     recompute = plan.recompute
     assert recompute is not None
     return Layout(

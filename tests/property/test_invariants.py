@@ -186,7 +186,8 @@ def _moe_plan(d: dict) -> PlanSpec:
         recompute=d["recompute"],
         zero_stage=d["zero_stage"],
         grad_overlap=d["grad_overlap"],
-        sequence_parallel=d["sequence_parallel"],
+        # Megatron-Core needs sequence parallelism for expert parallelism with tensor parallelism.
+        sequence_parallel=d["sequence_parallel"] or (d["tp"] > 1 and ep > 1),
     )
 
 

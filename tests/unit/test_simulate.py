@@ -417,3 +417,52 @@ def test_a_measured_launch_overhead_is_charged_and_reported(capsys: pytest.Captu
     assert json.loads(json.dumps(base.to_dict()))["launch_overhead_us"] is None
     assert "host exposed    not modelled" in _result_table(base)
     assert "not modelled" not in _result_table(hosted)
+
+
+def test_free_recompute_weighs_selective_against_the_fewest_full_layers_that_fit() -> None:
+    """With a fused attention kernel selective recomputation saves little memory yet re-runs attention: at 32k
+    tokens recomputing one whole layer per chunk fits and is faster, and the search must find it (it used to
+    stop at the first fitting setting, selective)."""
+    model, cluster = load_model("llama2-13b"), load_cluster("dgx-h100")
+    base = PlanSpec(tp=4, pp=2, dp=1, global_batch=32, micro_batch=1, vp=1, seq_len=32768, grad_overlap=True)
+    selective = simulate(model, cluster, base.with_(recompute="selective"))
+    one_layer = simulate(model, cluster, base.with_(recompute="full", recompute_layers=1))
+    assert selective.feasible
+    assert one_layer.feasible
+    assert one_layer.step_time_s < selective.step_time_s
+    free = simulate(model, cluster, base)
+    assert free.chosen == {"recompute": "full", "recompute_layers": 1}
+    assert free.step_time_s == one_layer.step_time_s
+
+
+def test_free_vp_tries_every_depth_the_layout_accepts() -> None:
+    """pp·vp may exceed the layers by two (the embedding and the loss each take a virtual stage), so Llama 3
+    405B on pp 16 may interleave 8 deep (126 layers + 2 over 128 virtual stages, Megatron-Bridge's layout)."""
+    from simulator.run import _candidates
+
+    model = load_model("llama3-405b")
+    vps = {c.vp for c in _candidates(model, PlanSpec(tp=8, pp=16, dp=8, global_batch=128, micro_batch=1))}
+    assert vps == {1, 2, 4, 8}
+
+
+def test_no_candidate_answers_with_the_rule_that_left_them_all_out() -> None:
+    """An interleaved schedule whose micro-batches can never be a multiple of pp names that rule."""
+    plan = PlanSpec(tp=1, pp=8, dp=1, global_batch=4, schedule="interleaved")
+    with pytest.raises(InfeasiblePlanError, match="multiple of pp: micro-batches=4, pp=8"):
+        simulate(load_model("llama3-8b"), load_cluster("dgx-h100"), plan)
+
+
+@pytest.mark.parametrize(
+    ("model", "plan", "rule"),
+    [
+        ("llama3-70b", {"tp": 16, "pp": 1, "dp": 1}, "'tp' must divide 'kv_heads'"),
+        ("mixtral-8x7b", {"tp": 2, "dp": 8, "ep": 8, "sequence_parallel": False}, "needs sequence parallelism"),
+        ("llama3-8b", {"tp": 4, "pp": 1, "dp": 1, "seq_len": 8190}, "'tp' to divide the tokens of each sequence"),
+    ],
+)
+def test_layouts_megatron_core_rejects_are_infeasible(model: str, plan: dict[str, object], rule: str) -> None:
+    """Megatron-Core splits KV heads over tp, needs sequence parallelism for EP with TP, and splits each
+    sequence over the TP ranks under sequence parallelism."""
+    spec = PlanSpec(global_batch=16, micro_batch=1, recompute="full", vp=1, grad_overlap=True, **plan)  # type: ignore[arg-type]
+    with pytest.raises(InfeasiblePlanError, match=rule):
+        simulate(load_model(model), load_cluster("dgx-h100"), spec)

@@ -37,8 +37,11 @@ ISSUE_TARGET = {
 # method (recompute only the first N layers of each chunk), which MegaScale's baseline needs to fit without
 # recomputing every layer.
 # Then to 4.2% (p90 15.1%) with Transformer Engine's context-parallel copies and Meta's all-gather CP exchange.
+# Then up to 4.8% (p90 17.2%), corrections that cost accuracy: pipeline hops inside a node went over NVLink (p90
+# 15.4%), and the free-vp search stopped leaving out the depths the layout accepts (pp·vp up to layers + 2), so
+# Llama 3 405B's rows take vp 8 and Megatron's interleaved schedule runs them faster than Meta's runs went.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.047, "p90_abs_error": 0.157},
+    "published_runs.csv": {"median_abs_error": 0.053, "p90_abs_error": 0.177},
     "vtrain_single_node.csv": {"median_abs_error": 0.152, "p90_abs_error": 0.367},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)

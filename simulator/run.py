@@ -128,6 +128,8 @@ class StepResult:
                 "grad_dtype": plan.grad_dtype,
                 "attention": plan.attention,
                 "cp_comm": plan.cp_comm,
+                "expert_imbalance": plan.expert_imbalance,
+                "straggler_factor": plan.straggler_factor,
             },
             "feasible": self.feasible,
             "reason": self.reason,
@@ -729,6 +731,19 @@ def _infeasible_result(
     )
 
 
+def _as_run(plan: PlanSpec, layout: Layout, model: ModelSpec) -> PlanSpec:
+    """The plan with the defaults it ran under written out (schedule, sequence parallelism, expert TP, TP overlap,
+    gradient dtype), so that a result says what ran and running its plan again gives the same answer."""
+    return replace(
+        plan,
+        schedule=layout.schedule,
+        sequence_parallel=layout.sequence_parallel,
+        expert_tp=layout.etp if model.moe is not None else plan.expert_tp,
+        tp_overlap=layout.tp_overlap,
+        grad_dtype=plan.grad_dtype_or_default,
+    )
+
+
 def _assemble(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared, result: PipelineResult) -> StepResult:
     plan, layout, graph, memory = prepared.plan, prepared.layout, prepared.graph, prepared.memory
     reason, chosen, hw_flops_rank = prepared.reason, prepared.chosen, prepared.hw_flops_rank
@@ -746,7 +761,7 @@ def _assemble(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared, resul
         model=model.name,
         cluster=cluster.name,
         num_gpus=plan.num_gpus,
-        plan=plan,
+        plan=_as_run(plan, layout, model),
         feasible=not reason,
         reason=reason,
         step_time_s=step,

@@ -177,8 +177,12 @@ class PlanSpec:
         ``accumulate_allreduce_grads_in_fp32`` with ``--bf16``) and in the model dtype in fp16 (Megatron-LM
         ``arguments.py``); NeMo recipes may reduce in bf16 instead (``optim.grad_sync_dtype: bf16``).
         """
-        dtype = self.grad_dtype or ("fp16" if self.precision == "fp16" else "fp32")
-        return 4 if dtype == "fp32" else 2
+        return 4 if self.grad_dtype_or_default == "fp32" else 2
+
+    @property
+    def grad_dtype_or_default(self) -> str:
+        """``grad_dtype``, or Megatron-LM's default for the precision when it is not set (see :attr:`grad_bytes`)."""
+        return self.grad_dtype or ("fp16" if self.precision == "fp16" else "fp32")
 
     @property
     def num_gpus(self) -> int:

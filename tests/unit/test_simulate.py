@@ -466,3 +466,22 @@ def test_layouts_megatron_core_rejects_are_infeasible(model: str, plan: dict[str
     spec = PlanSpec(global_batch=16, micro_batch=1, recompute="full", vp=1, grad_overlap=True, **plan)  # type: ignore[arg-type]
     with pytest.raises(InfeasiblePlanError, match=rule):
         simulate(load_model(model), load_cluster("dgx-h100"), spec)
+
+
+def test_a_result_states_the_plan_that_ran_and_running_it_again_gives_the_same_answer() -> None:
+    """Defaults are written out in the result (schedule, sequence parallelism, expert TP, TP overlap, gradient
+    dtype), the what-if factors are reported, and the stated plan, run again, reproduces the answer."""
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100")
+    r = simulate(model, cluster, PlanSpec(tp=2, pp=2, dp=4, ep=4, global_batch=32, expert_imbalance=1.2))
+    plan = r.to_dict()["plan"]
+    assert {k: plan[k] for k in ("schedule", "sequence_parallel", "expert_tp", "tp_overlap", "grad_dtype")} == {
+        "schedule": "interleaved" if plan["vp"] > 1 else "1f1b",
+        "sequence_parallel": True,
+        "expert_tp": 2,
+        "tp_overlap": False,
+        "grad_dtype": "fp32",
+    }
+    assert (plan["expert_imbalance"], plan["straggler_factor"]) == (1.2, 1.0)
+    again = simulate(model, cluster, r.plan)
+    assert again.step_time_s == r.step_time_s
+    assert again.plan == r.plan

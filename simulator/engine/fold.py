@@ -59,6 +59,36 @@ class FoldResult:
         return dict(self.exposed).get(kind, 0.0)
 
 
+NOTHING = -1  # a step that started at time zero, or on its free stream with nothing to wait for
+HOST = -2  # a step whose start the host's issue set
+
+
+def _charge(
+    exposed: dict[str, float],
+    steps: Sequence[TimedStep],
+    starts: list[float],
+    bound_by: list[int],
+    j: int,
+    lo: float,
+    hi: float,
+) -> None:
+    """Charge the idle compute interval [lo, hi], which ends when step ``j`` ends, to what kept compute waiting:
+    ``j``'s own kind from its start on, and before that whatever held ``j`` back (the collective ahead of it on
+    its stream, or the one it waited for), back along the chain. Two collectives run back to back are each
+    charged their own part, not both to the one that ends last."""
+    while hi > lo:
+        if j == HOST:
+            exposed["host"] = exposed.get("host", 0.0) + (hi - lo)
+            return
+        if j == NOTHING or steps[j].kind == "compute":
+            return
+        begin = max(starts[j], lo)
+        kind = steps[j].kind
+        exposed[kind] = exposed.get(kind, 0.0) + (hi - begin)
+        hi = begin
+        j = bound_by[j]
+
+
 def fold(
     steps: Sequence[TimedStep], overlap_slowdown: float = 0.0, *, host_overhead_s: float = 0.0, timeline: bool = False
 ) -> FoldResult:
@@ -81,21 +111,26 @@ def fold(
     rows: list[tuple[str, str, str, float, float]] = []
     host_free = 0.0
     comm_busy_until = 0.0  # end of the latest collective issued so far, on any communication stream
+    starts: list[float] = [0.0] * len(steps)
+    # What set each step's start: the index of the step it waited for or followed on its stream, HOST for the
+    # host's issue, NOTHING for time zero. Idle compute time is charged along this chain (_charge).
+    bound_by: list[int] = [NOTHING] * len(steps)
+    last_on: dict[str, int] = {}
     for i, step in enumerate(steps):
         ready = free.get(step.stream, 0.0)
-        binding_kind = ""
+        binder = last_on.get(step.stream, NOTHING)
         if host_overhead_s > 0:
             # The host issues every kernel in program order and runs ahead of the GPU (asynchronous launch);
             # a kernel cannot start before its launch has been issued.
             host_free += host_overhead_s
             if host_free > ready:
                 ready = host_free
-                binding_kind = "host"
+                binder = HOST
         binding_end = ready
         for w in step.waits:
             if ends[w] > binding_end:
                 binding_end = ends[w]
-                binding_kind = steps[w].kind
+                binder = w
         start = binding_end
         duration = step.duration_s
         if step.kind == "compute":
@@ -103,8 +138,8 @@ def fold(
                 # Slowed only while a collective runs beside it; the collective's own end does not move.
                 shared = min(max(comm_busy_until - start, 0.0), duration)
                 duration += shared * overlap_slowdown
-            if start > compute_free and binding_kind and binding_kind != "compute":
-                exposed[binding_kind] = exposed.get(binding_kind, 0.0) + (start - compute_free)
+            if start > compute_free and binder != NOTHING:
+                _charge(exposed, steps, starts, bound_by, binder, compute_free, start)
             compute_s += duration
             compute_free = start + duration
         else:
@@ -112,15 +147,17 @@ def fold(
             comm_busy_until = max(comm_busy_until, start + duration)
         end = start + duration
         ends[i] = end
+        starts[i] = start
+        bound_by[i] = binder
         free[step.stream] = end
+        last_on[step.stream] = i
         if timeline:
             rows.append((step.name, step.stream, step.kind, start, end))
     total = max(ends, default=0.0)
     if total > compute_free:
-        # Collectives still running after the last compute: charged to the one that finishes last.
+        # Collectives still running after the last compute: charged along the chain of the one that ends last.
         last = max(range(len(steps)), key=lambda j: (ends[j], -j))
-        kind = steps[last].kind
-        exposed[kind] = exposed.get(kind, 0.0) + (total - compute_free)
+        _charge(exposed, steps, starts, bound_by, last, compute_free, total)
     return FoldResult(
         duration_s=total,
         compute_s=compute_s,

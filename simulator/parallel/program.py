@@ -287,12 +287,15 @@ class _Builder:
         self.labels: dict[str, list[int]] = {}  # label -> comm steps joined by wait_for(label)
         self.in_flight: set[int] = set()  # comm steps not yet waited for
 
-    def compute(self, op: Op) -> None:
-        waits = self.joins.pop(self.computes, [])
+    def compute(self, op: Op, *, prelude: bool = False) -> None:
+        """Append a compute step. A ``prelude`` (the FP8 cast before its GEMM) runs as its own kernel but is not
+        counted for joins: a collective meant to overlap the GEMM, or to be waited for by the GEMM, still is."""
+        waits = [] if prelude else self.joins.pop(self.computes, [])
         self.in_flight.difference_update(waits)
         self.steps.append(Step(op, "compute", tuple(sorted(waits)), bool(self.in_flight)))
         self.last_compute = len(self.steps) - 1
-        self.computes += 1
+        if not prelude:
+            self.computes += 1
 
     def comm(self, comm: Comm, *, stream: str = "comm", join: int = 1, label: str = "") -> None:
         """Issue ``comm`` after the last compute.
@@ -479,18 +482,31 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
             if gathered:
                 b.comm(_expert_tp_comm(layout, graph, f"{block}.combine", "reduce_scatter"))
             b.comm(_a2a(layout, graph, f"{block}.combine"))
-        _emit_compute(b, op, layout)
         end = ends.get(op.name)
-        if end is not None and not (op.name == "moe.unpermute" and shared_after_unpermute):
-            _, rs, ar = _tp_comms(layout, h, f"{block}.{end}")
-            for c in (rs, ar):
-                if c is not None:
-                    b.comm(c)
+        if end is not None and op.name == "moe.unpermute" and shared_after_unpermute:
+            end = None  # the shared experts close the region
         if op.name == "moe.shared.down":
-            _, rs, ar = _tp_comms(layout, h, f"{block}.mlp")
-            for c in (rs, ar):
-                if c is not None:
-                    b.comm(c)
+            end = "mlp"
+        closing: list[Comm] = []
+        if end is not None:
+            _, rs, ar = _tp_comms(layout, h, f"{block}.{end}")
+            closing = [c for c in (rs, ar) if c is not None]
+        # Transformer Engine's userbuffers pipeline a region's last GEMM with its reduce-scatter (tp_overlap, which
+        # needs sequence parallelism): issued with the GEMM, waited for by the next op; otherwise blocking after it.
+        pipelined = layout.tp_overlap and layout.sequence_parallel and op.kind == "gemm"
+        if pipelined:
+            for c in closing:
+                b.comm(c, join=2)
+        _emit_compute(b, op, layout)
+        if not pipelined:
+            for c in closing:
+                b.comm(c)
+        if op.name == "head.cross_entropy" and layout.tp.size > 1:
+            # Vocab-parallel cross-entropy (Megatron's _VocabParallelCrossEntropy): all-reduces of the fp32 row
+            # maximum, the target logit and the sum of exponentials, one value per token.
+            for what in ("max", "target_logit", "sum_exp"):
+                size = float(4 * _tokens(layout))
+                b.comm(Comm(f"{block}.cross_entropy.{what}_all_reduce", "all_reduce", layout.tp, size, "tp"))
 
 
 def fp8_gemm(op: Op, layout: Layout) -> bool:
@@ -529,7 +545,7 @@ def _emit_compute(b: _Builder, op: Op, layout: Layout) -> None:
     if fp8_gemm(op, layout):
         cast = _fp8_cast(op)
         if cast is not None:
-            b.compute(cast)
+            b.compute(cast, prelude=True)
     b.compute(op)
 
 
@@ -768,7 +784,9 @@ def _emit_backward(
         if op.phase == "bwd_weight" and w is not None:
             w.compute(op)
             continue
-        if op.name in gathers and layout.sequence_parallel and w is None:
+        if op.name in gathers and layout.sequence_parallel:
+            # Under zb_h1 the gather still runs in the activation-gradient pass, which keeps the gathered input for
+            # the deferred weight-gradient pass (the zero-bubble reference's WeightGradStore).
             ag, _, _ = _tp_comms(layout, h, f"{block}.{op.name}.input")
             if ag is not None:
                 b.comm(ag, join=2)  # joined by the weight-gradient GEMM right after the dgrad

@@ -6,7 +6,8 @@ loss on the last. When ``pp·vp`` does not divide the layer count, layers are ta
 last virtual stages, which also carry the embedding and the head; this is what Llama 3 405B did (126 layers on
 16 stages: "we reduce one Transformer layer each from the first and the last stages", Llama 3 paper, Sec.
 3.3.2). With vp > 1 classic Megatron-LM refuses an uneven split; Megatron-Core expresses it with
-``--pipeline-model-parallel-layout`` (or the first/last-stage layer counts), so the simulator accepts it. With up to two more virtual stages than layers, the embedding and the loss count
+``--pipeline-model-parallel-layout`` (or the first/last-stage layer counts), so the simulator accepts it.
+With up to two more virtual stages than layers, the embedding and the loss count
 as one layer each, so the first virtual stage may hold the embedding alone and the last the output head alone:
 Megatron-Core's ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``,
 with which Megatron-Bridge runs Llama 3.1 405B (126 layers) on pp 16 × vp 8 = 128 virtual stages

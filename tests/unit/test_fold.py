@@ -67,3 +67,20 @@ def test_streams_run_in_order() -> None:
     starts = {name: start for name, _, _, start, _ in r.timeline}
     assert starts["c2"] == pytest.approx(2.0)
     assert r.duration_s == pytest.approx(3.1)
+
+
+def test_back_to_back_collectives_are_each_charged_their_own_wait() -> None:
+    """A TP reduce-scatter then an EP all-to-all on one stream, the next compute waiting for the second: the idle
+    time is split along the chain (each kind its own duration), not all charged to the one that ends last."""
+    steps = [
+        TimedStep("gemm", "compute", 1.0, (), "compute"),
+        TimedStep("rs", "comm", 0.3, (0,), "tp"),
+        TimedStep("a2a", "comm", 0.2, (0,), "ep"),
+        TimedStep("next", "compute", 1.0, (2,), "compute"),
+    ]
+    r = fold(steps)
+    assert r.duration_s == pytest.approx(2.5)
+    assert dict(r.exposed) == pytest.approx({"tp": 0.3, "ep": 0.2})
+    # The same holds for collectives still running after the last compute.
+    tail = fold(steps[:3])
+    assert dict(tail.exposed) == pytest.approx({"tp": 0.3, "ep": 0.2})

@@ -640,3 +640,50 @@ def test_zero3_gathers_and_scatters_expert_parameters_over_the_expert_data_paral
         "expert_grad_reduce_scatter": 2,
     }
     assert not any("expert_" in c.name for c in _comms(DENSE, _plan(dp=4, zero_stage=3)))
+
+
+def _program(plan: PlanSpec, blocks: tuple[tuple[str, int], ...], which: int, cluster: ClusterSpec = CLUSTER) -> list:  # type: ignore[type-arg]
+    layout = resolve_layout(DENSE, cluster, plan.with_(seq_len=1024))
+    return list(build_programs(build_graph(DENSE, 1024, 1), layout, blocks)[which])
+
+
+def _index(program: list, suffix: str) -> int:  # type: ignore[type-arg]
+    return next(i for i, s in enumerate(program) if s.work.name.endswith(suffix))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_the_input_regather_overlaps_the_activation_gradient_gemm(precision: str) -> None:
+    """Megatron/TE issue the sequence-parallel input all-gather before the dgrad GEMM and wait for it before the
+    wgrad GEMM; in FP8 the cast of the incoming gradient runs first and must not take the dgrad's place."""
+    bwd = _program(_plan(tp=2, precision=precision), (("layer.dense", 1),), 1, load_cluster("dgx-h100"))
+    gather = _index(bwd, "mlp.up.dgrad.input.all_gather")
+    assert gather not in bwd[_index(bwd, "mlp.up.dgrad")].waits
+    assert gather in bwd[_index(bwd, "mlp.up.wgrad")].waits
+
+
+def test_tp_overlap_pipelines_the_reduce_scatter_with_its_gemm() -> None:
+    """With userbuffers the projection's reduce-scatter runs beside the GEMM (issued before it, waited for by the
+    next op); without them it blocks after the GEMM."""
+    for overlap in (True, False):
+        fwd = _program(_plan(tp=2, tp_overlap=overlap), (("layer.dense", 1),), 0)
+        rs, gemm, after = _index(fwd, "attn.reduce_scatter"), _index(fwd, "attn.out"), _index(fwd, "attn.dropout_add")
+        assert (rs < gemm) is overlap
+        assert rs in fwd[after].waits
+
+
+def test_zero_bubble_keeps_the_sequence_parallel_input_regather() -> None:
+    """zb_h1 defers the weight gradients, but the gathered inputs they need are still gathered (in the B pass)."""
+    plan = _plan(tp=2, pp=2, schedule="zb_h1")
+    b, w = _program(plan, (("layer.dense", 1),), 1), _program(plan, (("layer.dense", 1),), 2)
+    gathers = [s.work.name for s in b + w if s.work.name.endswith(".input.all_gather")]
+    assert len(gathers) == 2  # the QKV and MLP-up inputs
+
+
+def test_vocab_parallel_cross_entropy_all_reduces_its_three_row_statistics() -> None:
+    """Megatron's _VocabParallelCrossEntropy all-reduces the max, the target logit and the sum of exponentials
+    (fp32, one per token) over the TP group."""
+    fwd = _program(_plan(tp=2), (("head", 1),), 0)
+    reduces = [s.work for s in fwd if isinstance(s.work, Comm) and "cross_entropy" in s.work.name]
+    assert [c.collective for c in reduces] == ["all_reduce"] * 3
+    assert {c.size_bytes for c in reduces} == {4.0 * 1024}
+    assert not [s for s in _program(_plan(), (("head", 1),), 0) if isinstance(s.work, Comm)]

@@ -40,8 +40,10 @@ ISSUE_TARGET = {
 # Then up to 4.8% (p90 17.2%), corrections that cost accuracy: pipeline hops inside a node went over NVLink (p90
 # 15.4%), and the free-vp search stopped leaving out the depths the layout accepts (pp·vp up to layers + 2), so
 # Llama 3 405B's rows take vp 8 and Megatron's interleaved schedule runs them faster than Meta's runs went.
+# Then to 5.4% (p90 17.4%) when FP8's cast kernel stopped taking the dgrad GEMM's place beside the input
+# all-gather (TE and Megatron overlap the two) and userbuffers pipelined the reduce-scatter with its GEMM.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.053, "p90_abs_error": 0.177},
+    "published_runs.csv": {"median_abs_error": 0.058, "p90_abs_error": 0.18},
     "vtrain_single_node.csv": {"median_abs_error": 0.152, "p90_abs_error": 0.367},
 }
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)
@@ -111,11 +113,12 @@ def test_held_out_runs_are_all_predicted(held_out: ValidationReport) -> None:
 
 
 def test_held_out_dense_h100_rows_stay_close(held_out: ValidationReport) -> None:
-    """The calibrated part of the held-out file: dense Llama 3 on H100 with current software, within 6.5% today
-    (analysis/ACCURACY.md: −3.4% to +5.8%)."""
+    """The calibrated part of the held-out file: dense Llama 3 on H100 with current software, within 9.5% today
+    (analysis/ACCURACY.md: −8.9% to +1.4%; it was −2.9% to +5.8% before the FP8 cast stopped delaying the dgrad
+    GEMM behind the input all-gather and userbuffers overlapped the reduce-scatters)."""
     rows = [r for r in held_out.rows if r["cluster"] == "dgx-h100" and str(r["model"]).startswith("LLAMA")]
     assert len(rows) == 5
-    assert max(abs(r["error"]) for r in rows) <= 0.065
+    assert max(abs(r["error"]) for r in rows) <= 0.095
 
 
 def _pct(x: float) -> str:

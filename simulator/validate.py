@@ -26,11 +26,13 @@ entry that sets it decides, so a model's entry goes before its source's, and the
 first. Stated columns are replaced only for knobs the deciding entry lists under ``override``.
 
 The summary gives the median, mean, 90th percentile and maximum absolute relative error, the number of
-rows judged infeasible (a run that really ran and is predicted infeasible is a miss), the rows that could
+rows judged infeasible (a run that really ran and is predicted infeasible is a miss; it has no predicted time,
+so it is counted there and not in the |error| figures), the rows that could
 not be read (``invalid``: a bad cell, named in the row's ``reason``; not counted as infeasible) and those
 without a measured time (``unmeasured``: predicted, left out of the error figures), breakdowns by
 cluster and by source, the mean Spearman rank correlation of predicted vs measured step time inside
-groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked), and
+groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked; also
+source and precision, since one layout measured on two software releases is not a choice of layout), and
 which op classes ran on default (uncalibrated) curves in how many rows; each row lists its own under
 ``uncalibrated``.
 """
@@ -137,8 +139,10 @@ def default_stacks_file(csv_path: Path) -> Path | None:
 _SHIPPED_STACKS = Path(__file__).resolve().parents[1] / "data" / "validation" / "software_stacks.yaml"
 
 
-def _apply_stacks(plan: PlanSpec, matching: list[Stack], stated: set[str]) -> PlanSpec:
-    """``plan`` with the knobs of every matching entry; for each knob the first entry that sets it decides."""
+def _apply_stacks(plan: PlanSpec, matching: list[Stack], stated: set[str]) -> tuple[PlanSpec, dict[str, Any]]:
+    """``plan`` with the knobs of every matching entry (for each knob the first entry that sets it decides), and
+    what they set: ``{knob: value}`` for a knob the row left empty, ``{knob: [stated, used]}`` for one the entry
+    overrides (reported per row, so that no stated value changes silently)."""
     changes: dict[str, Any] = {}
     decided: set[str] = set()
     for stack in matching:
@@ -146,7 +150,8 @@ def _apply_stacks(plan: PlanSpec, matching: list[Stack], stated: set[str]) -> Pl
             if k not in decided and (k not in stated or k in stack.override):
                 changes[k] = v
             decided.add(k)
-    return replace(plan, **changes) if changes else plan
+    shown = {k: [getattr(plan, k), v] if k in stated else v for k, v in changes.items()}
+    return (replace(plan, **changes) if changes else plan), shown
 
 
 REQUIRED_COLUMNS = (
@@ -180,7 +185,7 @@ class ValidationReport:
     def rows_frame(self) -> pd.DataFrame:
         """The per-row results as a DataFrame (``chosen`` as compact JSON)."""
         frame = pd.DataFrame(self.rows)
-        for col in ("chosen", "adjusted"):
+        for col in ("chosen", "adjusted", "stack_knobs"):
             if col in frame:
                 frame[col] = frame[col].map(lambda c: json.dumps(c, sort_keys=True))
         if "uncalibrated" in frame:
@@ -396,13 +401,14 @@ def validate_frame(
         where = f"{source}: row {int(str(i)) + 2} ({_cell(row, 'run_id')})"
         measured, bad_measure = _measured(row, where)
         entry: dict[str, Any] = {
-            "run_id": str(_cell(row, "run_id")),
-            "model": str(_cell(row, "model")),
-            "cluster": str(_cell(row, "cluster")),
+            "run_id": str(_cell(row, "run_id") or ""),
+            "model": str(_cell(row, "model") or ""),
+            "cluster": str(_cell(row, "cluster") or ""),
             "source": str(_cell(row, "source") or ""),
             # Identification only: a bad cell here is reported by row_plan below, as this row's reason.
             "num_gpus": _int_or_none(row, "num_gpus", where),
             "global_batch": _int_or_none(row, "global_batch", where),
+            "precision": str(_cell(row, "precision") or ""),
             "measured_step_time_s": measured,
         }
         try:
@@ -416,7 +422,7 @@ def validate_frame(
             matching = [st for st in stacks if st.match in row_source and st.model in row_name]
             if matching:
                 stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}
-                plan = _apply_stacks(plan, matching, stated)
+                plan, entry["stack_knobs"] = _apply_stacks(plan, matching, stated)
                 entry["stack"] = matching[0].name
             result, adjusted = simulate_row(model, cluster, plan, strict=strict)
             predicted = result.step_time_s if result.feasible else math.nan
@@ -546,6 +552,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "invalid": invalid,
         "unmeasured": len(predicted) - len(ok),
         "adjusted": sum(1 for r in rows if r.get("adjusted")),
+        "stack_overridden": sum(1 for r in rows if any(isinstance(v, list) for v in r.get("stack_knobs", {}).values())),
     }
     summary.update({k: v for k, v in _stats([r["error"] for r in ok]).items() if k != "rows"})
     for key in ("cluster", "source"):
@@ -562,7 +569,9 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
     layout_groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in ok:
-        layout_groups.setdefault((r["model"], r["cluster"], r["num_gpus"], r["global_batch"]), []).append(r)
+        # The same layout measured with two software releases (or precisions) is not a choice between layouts.
+        group = (r["model"], r["cluster"], r["num_gpus"], r["global_batch"], r["source"], r["precision"])
+        layout_groups.setdefault(group, []).append(r)
     rhos = []
     for grp in layout_groups.values():
         if len(grp) >= 3:
@@ -596,6 +605,9 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         note = r["reason"] if not r["feasible"] else ", ".join(f"{k}={v}" for k, v in r["chosen"].items())
         if r.get("stack"):
             note += f" | stack: {r['stack']}"
+            overridden = {k: v for k, v in r.get("stack_knobs", {}).items() if isinstance(v, list)}
+            if overridden:
+                note += " (overrides " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in overridden.items()) + ")"
         if r.get("adjusted"):
             note += " | adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items())
         meas = r["measured_step_time_s"]

@@ -285,3 +285,28 @@ def test_a_bad_gpu_count_or_batch_is_reported_on_its_row_not_for_the_whole_file(
     assert bad["invalid"]
     assert bad[column] is None
     assert f"row 3 (r2): {column}: must be a whole number, got {value!r}" in bad["reason"]
+
+
+def test_a_stack_that_overrides_a_stated_knob_says_so() -> None:
+    """NeMo 24.07's tables state zero_stage 0 but its recipes run the distributed optimizer: the entry's override
+    is reported per row (stated and used value) and counted, and knobs it only fills are listed too."""
+    stacks = load_stacks(STACKS)
+    report = validate_frame(pd.DataFrame([_row(zero_stage=0)]), "t.csv", stacks=stacks)
+    (row,) = report.rows
+    assert row["stack_knobs"]["zero_stage"] == [0, 1]
+    assert report.summary["stack_overridden"] == 1
+    filled = validate_frame(pd.DataFrame([_sc21_row()]), "t.csv", stacks=stacks).rows[0]["stack_knobs"]
+    assert filled["micro_batch"] == 4
+    assert not any(isinstance(v, list) for v in filled.values())
+
+
+def test_spearman_does_not_rank_one_layout_measured_on_two_software_releases() -> None:
+    """Groups also share source and precision: the same layouts from two releases form two groups, not one
+    group in which identical predictions meet different measurements."""
+    rows = [
+        _row(run_id=f"{src}{i}", source=f"release {src}", tp=tp, dp=8 // tp, measured_step_time_s=t)
+        for src, times in (("a", (1.0, 1.1, 1.2)), ("b", (1.3, 1.2, 1.1)))
+        for i, (tp, t) in enumerate(zip((1, 2, 4), times, strict=True))
+    ]
+    summary = validate_frame(pd.DataFrame(rows), "t.csv").summary
+    assert summary["spearman_groups"] == 2

@@ -203,6 +203,9 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     sp = bool(plan.sequence_parallel) if plan.sequence_parallel is not None else tp > 1
     if tp == 1:
         sp = False
+    if plan.tp_overlap and tp > 1:
+        # Megatron-Core asserts it: userbuffers overlap the all-gathers and reduce-scatters of sequence parallelism.
+        _require(sp, f"tp_overlap needs sequence parallelism: tp={tp}; turn sequence_parallel on or tp_overlap off")
     if sp:
         # Sequence parallelism splits each micro-batch's local sequence over tp (_split_along_first_dim asserts).
         _require(

@@ -458,11 +458,12 @@ def test_no_candidate_answers_with_the_rule_that_left_them_all_out() -> None:
         ("llama3-70b", {"tp": 16, "pp": 1, "dp": 1}, "'tp' must divide 'kv_heads'"),
         ("mixtral-8x7b", {"tp": 2, "dp": 8, "ep": 8, "sequence_parallel": False}, "needs sequence parallelism"),
         ("llama3-8b", {"tp": 4, "pp": 1, "dp": 1, "seq_len": 8190}, "'tp' to divide the tokens of each sequence"),
+        ("llama3-8b", {"tp": 2, "dp": 4, "sequence_parallel": False, "tp_overlap": True}, "tp_overlap needs sequence"),
     ],
 )
 def test_layouts_megatron_core_rejects_are_infeasible(model: str, plan: dict[str, object], rule: str) -> None:
-    """Megatron-Core splits KV heads over tp, needs sequence parallelism for EP with TP, and splits each
-    sequence over the TP ranks under sequence parallelism."""
+    """Megatron-Core splits KV heads over tp, needs sequence parallelism for EP with TP and for TP communication
+    overlap, and splits each sequence over the TP ranks under sequence parallelism."""
     spec = PlanSpec(global_batch=16, micro_batch=1, recompute="full", vp=1, grad_overlap=True, **plan)  # type: ignore[arg-type]
     with pytest.raises(InfeasiblePlanError, match=rule):
         simulate(load_model(model), load_cluster("dgx-h100"), spec)

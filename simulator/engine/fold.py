@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["FoldResult", "TimedStep", "fold"]
+__all__ = ["FoldResult", "TimedStep", "fold", "overlap_extra"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,20 @@ class FoldResult:
     def exposed_of(self, kind: str) -> float:
         """Exposed seconds of one comm kind."""
         return dict(self.exposed).get(kind, 0.0)
+
+
+def overlap_extra(window: float, duration: float, slowdown: float) -> float:
+    """Extra seconds of a compute kernel that alone takes ``duration`` and starts while collectives run for
+    ``window`` more seconds: it runs ``1 + slowdown`` times slower while they overlap (the slowdown is of the
+    overlapped kernels' time, arXiv:2507.03114), so it does ``window / (1 + slowdown)`` of its work in the window
+    and the rest at full speed; when it overlaps throughout, it takes ``duration · (1 + slowdown)``.
+
+    >>> overlap_extra(10.0, 1.0, 0.25), overlap_extra(0.5, 1.0, 0.25), overlap_extra(0.0, 1.0, 0.25)
+    (0.25, 0.1, 0.0)
+    """
+    if window <= 0.0 or slowdown <= 0.0:
+        return 0.0
+    return min(window, duration * (1.0 + slowdown)) * slowdown / (1.0 + slowdown)
 
 
 NOTHING = -1  # a step that started at time zero, or on its free stream with nothing to wait for
@@ -136,8 +150,7 @@ def fold(
         if step.kind == "compute":
             if step.overlapped and overlap_slowdown > 0:
                 # Slowed only while a collective runs beside it; the collective's own end does not move.
-                shared = min(max(comm_busy_until - start, 0.0), duration)
-                duration += shared * overlap_slowdown
+                duration += overlap_extra(comm_busy_until - start, duration, overlap_slowdown)
             if start > compute_free and binder != NOTHING:
                 _charge(exposed, steps, starts, bound_by, binder, compute_free, start)
             compute_s += duration

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from simulator.engine.fold import FoldResult
+from simulator.engine.fold import FoldResult, overlap_extra
 from simulator.errors import SimulatorError
 from simulator.parallel.schedule import Task
 
@@ -300,15 +300,14 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 piece = res.duration_s / len(buckets)
                 clock = env.now
                 for b in buckets:
-                    slow = min(max(dp_free[s] - clock, 0.0), piece) * inp.overlap_slowdown
+                    slow = overlap_extra(dp_free[s] - clock, piece, inp.overlap_slowdown)
                     clock += piece + slow
                     a.compute += slow
                     reduce(b, clock)
                 yield env.timeout(clock - env.now)
             else:
                 # Any task that runs while earlier buckets are still being reduced is slowed meanwhile.
-                shared = min(max(dp_free[s] - env.now, 0.0), res.duration_s)
-                slow = shared * inp.overlap_slowdown
+                slow = overlap_extra(dp_free[s] - env.now, res.duration_s, inp.overlap_slowdown)
                 yield env.timeout(res.duration_s + slow)
                 a.compute += slow
                 deferred.extend(buckets)  # without grad_overlap, reduction waits for the last backward

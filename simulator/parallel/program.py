@@ -671,21 +671,26 @@ def _emit_cp_a2a(b: _Builder, op: Op, layout: Layout) -> None:
     """Ulysses attention (``cp_comm: a2a``; Jacobs et al. 2023, DeepSpeed-Ulysses; Transformer Engine's
     ``AttnFuncWithCPAndQKVOA2A``): all-to-alls turn sequence-sharded q, k, v into head-sharded ones over the
     whole sequence, attention runs on heads/cp, and another all-to-all returns the output (backward: dout in,
-    dq, dk, dv out); all exposed. Around every all-to-all TE's ``flash_attn_a2a_communicate`` makes three copies
-    of each tensor (one layout change before it, a layout change and a chunk reorder after it, or the mirror
-    image): 6 bytes of traffic per byte moved.
+    dq, dk, dv out), one all-to-all per tensor; all exposed. Around every all-to-all TE's
+    ``flash_attn_a2a_communicate`` makes three copies of each tensor (one layout change before it, a layout
+    change and a chunk reorder after it, or the mirror image): 6 bytes of traffic per byte moved.
     """
     cp = layout.cp.size
     q, kv = _qkv_bytes(op)
     core = op.with_(seq_q=op.seq_q * cp, heads=max(1, op.heads // cp), kv_heads=max(1, op.kv_heads // cp))
-    inputs, outputs = (q + kv, q) if op.phase == "fwd" else (q, q + kv)
-    b.compute(_cp_copies(op, 2 * inputs, "cp_layout"))
-    b.comm(Comm(f"{op.name}.a2a_in", "all_to_all", layout.cp, inputs, "cp"))
-    b.compute(_cp_copies(op, 4 * inputs, "cp_reorder"))
+    # One all-to-all per tensor (flash_attn_a2a_communicate issues an all_to_all_single for each): q, k and v
+    # (or dq, dk and dv) and the output (or its gradient).
+    qkv = {"q": q, "k": kv / 2, "v": kv / 2}
+    inputs, outputs = (qkv, {"out": q}) if op.phase == "fwd" else ({"out": q}, qkv)
+    b.compute(_cp_copies(op, 2 * sum(inputs.values()), "cp_layout"))
+    for name, size in inputs.items():
+        b.comm(Comm(f"{op.name}.a2a_in.{name}", "all_to_all", layout.cp, size, "cp"))
+    b.compute(_cp_copies(op, 4 * sum(inputs.values()), "cp_reorder"))
     b.compute(core)
-    b.compute(_cp_copies(op, 4 * outputs, "cp_layout_out"))
-    b.comm(Comm(f"{op.name}.a2a_out", "all_to_all", layout.cp, outputs, "cp"))
-    b.compute(_cp_copies(op, 2 * outputs))
+    b.compute(_cp_copies(op, 4 * sum(outputs.values()), "cp_layout_out"))
+    for name, size in outputs.items():
+        b.comm(Comm(f"{op.name}.a2a_out.{name}", "all_to_all", layout.cp, size, "cp"))
+    b.compute(_cp_copies(op, 2 * sum(outputs.values())))
 
 
 _EMIT_CP = {"p2p": _emit_cp_p2p, "all_gather": _emit_cp_all_gather, "a2a": _emit_cp_a2a}

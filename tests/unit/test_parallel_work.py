@@ -205,21 +205,22 @@ def test_all_gather_context_parallel_gathers_kv_and_reduce_scatters_its_gradient
 
 
 def test_a2a_context_parallel_trades_sequence_for_heads() -> None:
-    """cp_comm a2a (DeepSpeed-Ulysses; TE AttnFuncWithCPAndQKVOA2A): all-to-alls of q, k, v in and of the output
-    out; one attention kernel over the whole sequence on heads/cp; the FLOPs per rank are the same."""
+    """cp_comm a2a (DeepSpeed-Ulysses; TE AttnFuncWithCPAndQKVOA2A): one all-to-all each for q, k and v in and
+    for the output out (flash_attn_a2a_communicate issues one per tensor); one attention kernel over the whole
+    sequence on heads/cp; the FLOPs per rank are the same."""
     plan = _plan(cp=2, cp_comm="a2a")
     fwd = _attention_region(plan, 0)
     comms = [w for w in fwd if isinstance(w, Comm)]
-    assert [c.collective for c in comms] == ["all_to_all", "all_to_all"]
+    assert [c.collective for c in comms] == ["all_to_all"] * 4
     q = 2 * (1024 // 2) * 16 * 64
     kv = 2 * 2 * (1024 // 2) * 8 * 64
-    assert [c.size_bytes for c in comms] == [q + kv, q]
+    assert [c.size_bytes for c in comms] == [q, kv / 2, kv / 2, q]
     (core,) = [w for w in fwd if isinstance(w, Op) and w.kind == "attention"]
     assert (core.seq_q, core.seq_kv, core.heads, core.kv_heads) == (1024, 1024, 8, 4)
     whole = next(op for op in build_graph(DENSE, 1024, 1).block("layer.dense").forward if op.kind == "attention")
     assert core.flops == pytest.approx(whole.flops / 2)
     bwd_comms = [w for w in _attention_region(plan, 1) if isinstance(w, Comm)]
-    assert [c.size_bytes for c in bwd_comms] == [q, q + kv]
+    assert [c.size_bytes for c in bwd_comms] == [q, q, kv / 2, kv / 2]
 
 
 def test_a2a_context_parallel_needs_cp_to_divide_the_heads_of_a_tp_rank() -> None:

@@ -19,7 +19,19 @@ from simulator.errors import SpecError
 from simulator.specs._fields import Fields
 from simulator.specs.model import ModelSpec, MoESpec
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "load_hf_config", "model_from_hf_config"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "UNREAD_ARCHITECTURE_KEYS", "load_hf_config", "model_from_hf_config"]
+
+# config.json keys of architectures the importer does not model (DeepSeek V2/V3: routed and shared experts under
+# other names, MoE layer frequency, multi-head latent attention): their presence is an error, not a silent
+# llama-style reading.
+UNREAD_ARCHITECTURE_KEYS = (
+    "n_routed_experts",
+    "n_shared_experts",
+    "moe_layer_freq",
+    "first_k_dense_replace",
+    "kv_lora_rank",
+    "q_lora_rank",
+)
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -66,6 +78,15 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
         return _gpt2(f, name)
     if model_type == "gpt_neox":
         return _neox(f, name)
+    for key in UNREAD_ARCHITECTURE_KEYS:
+        if f.data.get(key) is not None:
+            # A llama-style reading of such a file would be a different, much smaller model, with no error.
+            raise f.error(
+                key,
+                f"model_type {model_type or '(none)'!r} has an architecture this importer does not read "
+                "(DeepSeek-style routed and shared experts or multi-head latent attention)",
+                "write a clustersim model YAML for it (models/*.yaml show the fields)",
+            )
     if model_type and model_type not in SUPPORTED_MODEL_TYPES and "hidden_size" not in f.data:
         raise f.error(
             "model_type",

@@ -321,3 +321,21 @@ def test_decoder_sparse_step_places_moe_layers_as_qwen_does() -> None:
     assert m.moe is not None
     assert [m.moe.is_moe_layer(i) for i in range(5)] == [False, True, False, True, False]
     assert m.num_moe_layers == 2
+
+
+@pytest.mark.parametrize("key", ["n_routed_experts", "kv_lora_rank", "first_k_dense_replace"])
+def test_deepseek_style_configs_are_refused_not_read_as_a_small_dense_model(key: str) -> None:
+    """DeepSeek V2/V3 name their experts and attention differently (n_routed_experts, MLA's kv_lora_rank): read
+    llama-style, V3 came out as a 38.6B dense model instead of 671B. The key is named in the error."""
+    cfg = {
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "intermediate_size": 18432,
+        "vocab_size": 129280,
+        "hidden_act": "silu",
+        key: 3,
+    }
+    with pytest.raises(SpecError, match=f"{key}: model_type 'deepseek_v3' has an architecture this importer"):
+        model_from_hf_config(cfg, "config.json", name="ds")

@@ -48,6 +48,7 @@ from simulator.specs.calibration import (
     ATTENTION_ROW_PREFIXES,
     CAUSAL,
     COMPUTE_OPS,
+    MEMORY_CLASSES,
     STANDS_IN,
     BandwidthCurve,
     CalibrationTable,
@@ -386,9 +387,12 @@ def default_table(
             for curve in table.compute:
                 if curve.op != kind or curve.precision not in ("fp16", "bf16", "any"):
                     continue
+                # Memory-bound classes (and their backward curves) are read at bytes / HBM bandwidth
+                # (cost.compute), so they are shifted by the bandwidth, not by a FLOP/s peak.
+                memory_bound = kind.removesuffix("_bwd") in MEMORY_CLASSES
                 peak = (
                     device.hbm_bandwidth_bytes_per_s
-                    if kind == "memory"
+                    if memory_bound
                     else device.peak(curve.precision if curve.precision != "any" else "bf16")
                 )
                 off = math.log10(peak)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from bisect import bisect_right
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simulator.errors import SpecError
@@ -84,6 +84,10 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send
 SCOPES = ("domain", "network")
 
 
+def _logs(values: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(math.log(max(v, 1e-300)) for v in values)
+
+
 def interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
     """Piecewise-linear interpolation, flat outside ``[xs[0], xs[-1]]``.
 
@@ -124,11 +128,20 @@ class EfficiencyCurve:
     axis: str = "size"
     samples: int = 0
     source: str = ""
+    _log_efficiency: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_log_efficiency", _logs(self.efficiency))
 
     def at(self, size: float, peak: float = 1.0) -> float:
-        """Efficiency at problem size ``size`` (FLOPs or bytes); ``peak`` converts for the ideal-seconds axis."""
+        """Efficiency at problem size ``size`` (FLOPs or bytes); ``peak`` converts for the ideal-seconds axis.
+
+        Interpolated linearly in log efficiency against log size, so that time (size / efficiency) is
+        piecewise linear in log-log and a stretch of constant measured time (a launch-bound kernel) stays
+        constant between the points (calibration.fit.monotone_time).
+        """
         x = size / peak if self.axis == "ideal_seconds" else size
-        return interp(self.log10_size, self.efficiency, math.log10(max(x, 1e-30)))
+        return math.exp(interp(self.log10_size, self._log_efficiency, math.log10(max(x, 1e-30))))
 
     @classmethod
     def from_fields(cls, f: Fields) -> EfficiencyCurve:
@@ -170,10 +183,15 @@ class BandwidthCurve:
     samples: int = 0
     source: str = ""
     reference_bandwidth_bytes_per_s: float = 0.0
+    _log_busbw: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_log_busbw", _logs(self.busbw_bytes_per_s))
 
     def at(self, size_bytes: float) -> float:
-        """Bus bandwidth (bytes/s) for a message of ``size_bytes``."""
-        return interp(self.log2_bytes, self.busbw_bytes_per_s, math.log2(max(size_bytes, 1.0)))
+        """Bus bandwidth (bytes/s) for a message of ``size_bytes``, interpolated in log bandwidth against log size
+        (time stays monotone where the measured time is; see :meth:`EfficiencyCurve.at`)."""
+        return math.exp(interp(self.log2_bytes, self._log_busbw, math.log2(max(size_bytes, 1.0))))
 
     @classmethod
     def from_fields(cls, f: Fields) -> BandwidthCurve:

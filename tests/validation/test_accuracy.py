@@ -42,10 +42,15 @@ ISSUE_TARGET = {
 # Llama 3 405B's rows take vp 8 and Megatron's interleaved schedule runs them faster than Meta's runs went.
 # Then to 5.4% (p90 17.4%) when FP8's cast kernel stopped taking the dgrad GEMM's place beside the input
 # all-gather (TE and Megatron overlap the two) and userbuffers pipelined the reduce-scatter with its GEMM.
+# vTrain went from 14.7% (p90 35.7%, Spearman 0.870) to 22.3% (p90 58.8%, Spearman 0.628) when the kernel fit
+# stopped overstating mid-size kernels: its monotone-time cap compounded over launch-bound stretches and made
+# GEMMs of 1e8-1e9 FLOPs and small norms 1.6-3x slower than their own measurements (held-out kernel p90 on H100
+# norm 178% -> 19%, GEMM 79% -> 31%). That slowness had stood in for the host cost these rows are bound by.
 GUARD = {
     "published_runs.csv": {"median_abs_error": 0.058, "p90_abs_error": 0.18},
-    "vtrain_single_node.csv": {"median_abs_error": 0.152, "p90_abs_error": 0.367},
+    "vtrain_single_node.csv": {"median_abs_error": 0.228, "p90_abs_error": 0.593},
 }
+GUARD_SPEARMAN = 0.6
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)
 
 
@@ -84,9 +89,19 @@ def test_vtrain_rows_are_all_predicted(vtrain: ValidationReport) -> None:
     assert vtrain.summary["infeasible"] == 0
 
 
+def test_vtrain_groups_are_ranked(vtrain: ValidationReport) -> None:
+    """The ranking figure covers the file's layout groups, and ranks better than chance by a margin."""
+    assert vtrain.summary["spearman_groups"] >= 100
+    assert vtrain.summary["mean_spearman"] >= GUARD_SPEARMAN
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 4 target (Spearman >= 0.8) not met since the kernel fit reproduces its measurements "
+    "(0.870 -> 0.628): the vTrain rows are host-bound and host cost is not modelled; see analysis/ACCURACY.md",
+)
 def test_vtrain_ranks_layouts(vtrain: ValidationReport) -> None:
     """What a planner needs: layouts of one job ranked like the measurements (issue 4: Spearman >= 0.8)."""
-    assert vtrain.summary["spearman_groups"] >= 100
     assert vtrain.summary["mean_spearman"] >= SPEARMAN_TARGET
 
 
@@ -114,7 +129,7 @@ def test_held_out_runs_are_all_predicted(held_out: ValidationReport) -> None:
 
 def test_held_out_dense_h100_rows_stay_close(held_out: ValidationReport) -> None:
     """The calibrated part of the held-out file: dense Llama 3 on H100 with current software, within 9.5% today
-    (analysis/ACCURACY.md: −9.0% to +1.3%; it was −2.9% to +5.8% before the FP8 cast stopped delaying the dgrad
+    (analysis/ACCURACY.md: −9.1% to +1.3%; it was −2.9% to +5.8% before the FP8 cast stopped delaying the dgrad
     GEMM behind the input all-gather and userbuffers overlapped the reduce-scatters)."""
     rows = [r for r in held_out.rows if r["cluster"] == "dgx-h100" and str(r["model"]).startswith("LLAMA")]
     assert len(rows) == 5

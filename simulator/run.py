@@ -25,7 +25,14 @@ from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput,
 from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
-from simulator.parallel.program import Comm, Program, build_programs, chunk_params, expert_load
+from simulator.parallel.program import (
+    Comm,
+    Program,
+    build_programs,
+    chunk_params,
+    expert_load,
+    param_all_gathers,
+)
 from simulator.parallel.schedule import Task, generate, schedule_with_in_flight
 from simulator.parallel.stages import Chunk, partition
 from simulator.specs.calibration import CalibrationTable
@@ -276,14 +283,12 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
         got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start)
         if isinstance(got, _Prepared):
             prepared.append((lower_bound(got.pipe), index, got))
-            if plan.recompute is None and got.plan.recompute == "selective":
+            fitting = fitted[twin]
+            if plan.recompute is None and got.plan.recompute == "selective" and fitting is not None:
                 # Selective and full recomputation trade memory for time differently (with a fused attention
                 # kernel selective saves little memory, yet costs the attention core again): the fewest fully
-                # recomputed layers that fit compete too.
-                options = _recompute_options(model, candidate)
-                more, _ = _first_fitting_recompute(
-                    model, cluster, candidate, plan, options.index(("selective", None)) + 1
-                )
+                # recomputed layers that fit (the options after selective) compete too.
+                more, _ = _first_fitting_recompute(model, cluster, candidate, plan, fitting + 1)
                 if isinstance(more, _Prepared):
                     prepared.append((lower_bound(more.pipe), index, more))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
@@ -612,11 +617,7 @@ def _pipeline_input(
         param_gather_s = 0.0
         if zero in (1, 2):
             # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
-            param_gather_s = comm.time(Comm("param_all_gather", "all_gather", layout.dp, 2.0 * local_dense, "dp"))
-            if local_expert:
-                param_gather_s += comm.time(
-                    Comm("expert_param_all_gather", "all_gather", layout.edp, 2.0 * local_expert, "dp")
-                )
+            param_gather_s = sum(comm.time(c) for c in param_all_gathers(local_dense, local_expert, layout, "step"))
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size

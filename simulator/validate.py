@@ -65,6 +65,7 @@ __all__ = [
     "STACK_KNOBS",
     "ValidationReport",
     "format_report",
+    "stack_overrides",
     "validate_file",
     "validate_frame",
 ]
@@ -137,6 +138,12 @@ def default_stacks_file(csv_path: Path) -> Path | None:
 
 
 _SHIPPED_STACKS = Path(__file__).resolve().parents[1] / "data" / "validation" / "software_stacks.yaml"
+
+
+def stack_overrides(row: dict[str, Any]) -> dict[str, list[Any]]:
+    """The knobs a row's stack entry overrode, ``{knob: [stated, used]}`` (``stack_knobs`` also lists the knobs
+    it only filled in, as plain values)."""
+    return {k: v for k, v in row.get("stack_knobs", {}).items() if isinstance(v, list)}
 
 
 def _apply_stacks(plan: PlanSpec, matching: list[Stack], stated: set[str]) -> tuple[PlanSpec, dict[str, Any]]:
@@ -552,7 +559,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "invalid": invalid,
         "unmeasured": len(predicted) - len(ok),
         "adjusted": sum(1 for r in rows if r.get("adjusted")),
-        "stack_overridden": sum(1 for r in rows if any(isinstance(v, list) for v in r.get("stack_knobs", {}).values())),
+        "stack_overridden": sum(1 for r in rows if stack_overrides(r)),
     }
     summary.update({k: v for k, v in _stats([r["error"] for r in ok]).items() if k != "rows"})
     for key in ("cluster", "source"):
@@ -605,7 +612,7 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         note = r["reason"] if not r["feasible"] else ", ".join(f"{k}={v}" for k, v in r["chosen"].items())
         if r.get("stack"):
             note += f" | stack: {r['stack']}"
-            overridden = {k: v for k, v in r.get("stack_knobs", {}).items() if isinstance(v, list)}
+            overridden = stack_overrides(r)
             if overridden:
                 note += " (overrides " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in overridden.items()) + ")"
         if r.get("adjusted"):

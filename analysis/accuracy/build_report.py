@@ -23,7 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from simulator.validate import ValidationReport, validate_file
+from simulator.validate import ValidationReport, stack_overrides, validate_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FILES = (
@@ -85,7 +85,7 @@ def row_table(rep: ValidationReport) -> list[str]:
             notes += "; adjusted " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in r["adjusted"].items())
         if r.get("stack"):
             notes += f"; stack: {r['stack']}"
-            overridden = {k: v for k, v in r.get("stack_knobs", {}).items() if isinstance(v, list)}
+            overridden = stack_overrides(r)
             if overridden:
                 notes += " (overrides " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in overridden.items()) + ")"
         if not r["feasible"]:

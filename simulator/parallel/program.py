@@ -54,6 +54,7 @@ __all__ = [
     "fp8_gemm",
     "local_act_bytes",
     "local_params",
+    "param_all_gathers",
     "shard_op",
 ]
 
@@ -159,6 +160,12 @@ def _gathers_after_dispatch(layout: Layout) -> bool:
     ``dispatch_postprocess``). Without expert parallelism the block keeps the all-gather dispatcher's order,
     Megatron's default: the hidden states are gathered over TP before the router."""
     return not layout.experts_folded and layout.ep.size > 1 and layout.tp.size > 1 and layout.sequence_parallel
+
+
+def _dispatches_own_shard(layout: Layout) -> bool:
+    """Whether the expert-parallel all-to-all moves this TP rank's sequence shard (folded experts, or the
+    all-to-all dispatcher) rather than tokens already gathered over TP before the router."""
+    return layout.experts_folded or _gathers_after_dispatch(layout)
 
 
 def _routes_own_shard(op: Op, layout: Layout) -> bool:
@@ -384,28 +391,39 @@ def _build_cached(
     return fwd.finish(), bwd.finish(), wgt.finish()
 
 
-def _sharding_groups(f_ops: list[Op], layout: Layout) -> list[tuple[str, Group, int]]:
-    """(label, group, local parameters) of a block under ZeRO-3: dense parameters are sharded over the
-    data-parallel group, the routed experts' over the expert-data-parallel group (Megatron-Core keeps expert
-    parameters in their own buffers, reduced and gathered over that group)."""
-    expert = sum(op.params for op in f_ops if _is_expert_gemm(op))
-    parts = [("", layout.dp, sum(op.params for op in f_ops) - expert)]
+def _sharding_groups(dense: float, expert: float, layout: Layout) -> list[tuple[str, Group, float]]:
+    """(label, group, local parameters) of sharded parameters (ZeRO-3's per-layer gathers and scatters, ZeRO-1/2's
+    gather after the optimizer step): dense parameters are sharded over the data-parallel group, the routed
+    experts' over the expert-data-parallel group (Megatron-Core keeps expert parameters in their own buffers,
+    reduced and gathered over that group)."""
+    parts = [("", layout.dp, dense)]
     if expert:
         parts.append(("expert_", layout.edp, expert))
     return parts
 
 
-def _param_gathers(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
+def _split_params(f_ops: list[Op]) -> tuple[int, int]:
+    """(dense, routed-expert) parameters of a block's sharded forward ops."""
+    expert = sum(op.params for op in f_ops if _is_expert_gemm(op))
+    return sum(op.params for op in f_ops) - expert, expert
+
+
+def param_all_gathers(dense: float, expert: float, layout: Layout, name: str) -> list[Comm]:
+    """The all-gathers of ``dense`` and ``expert`` local parameters in 16 bits, each over its sharding group."""
     return [
         Comm(f"{name}.{tag}param_all_gather", "all_gather", group, float(2 * params), "dp")
-        for tag, group, params in _sharding_groups(f_ops, layout)
+        for tag, group, params in _sharding_groups(dense, expert, layout)
     ]
+
+
+def _param_gathers(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
+    return param_all_gathers(*_split_params(f_ops), layout, name)
 
 
 def _grad_scatters(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
     return [
         Comm(f"{name}.{tag}grad_reduce_scatter", "reduce_scatter", group, float(layout.plan.grad_bytes * params), "dp")
-        for tag, group, params in _sharding_groups(f_ops, layout)
+        for tag, group, params in _sharding_groups(*_split_params(f_ops), layout)
     ]
 
 
@@ -464,7 +482,7 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
     fwd_overlap = 2 if layout.tp_overlap else 1
     shared_after_unpermute = any(op.name.startswith("moe.shared") for op in ops)
     gathered = _gathers_after_dispatch(layout)
-    local = layout.experts_folded or gathered
+    local = _dispatches_own_shard(layout)
     starts, ends = (_FOLDED_REGION_START, _FOLDED_REGION_END) if local else (_REGION_START, _REGION_END)
     for op in ops:
         region = starts.get(op.name)
@@ -504,8 +522,8 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
         if op.name == "head.cross_entropy" and layout.tp.size > 1:
             # Vocab-parallel cross-entropy (Megatron's _VocabParallelCrossEntropy): all-reduces of the fp32 row
             # maximum, the target logit and the sum of exponentials, one value per token.
+            size = float(4 * _tokens(layout))
             for what in ("max", "target_logit", "sum_exp"):
-                size = float(4 * _tokens(layout))
                 b.comm(Comm(f"{block}.cross_entropy.{what}_all_reduce", "all_reduce", layout.tp, size, "tp"))
 
 
@@ -696,25 +714,25 @@ def _emit_cp_a2a(b: _Builder, op: Op, layout: Layout) -> None:
 _EMIT_CP = {"p2p": _emit_cp_p2p, "all_gather": _emit_cp_all_gather, "a2a": _emit_cp_a2a}
 
 
-def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:
+def _routed_bytes(layout: Layout, graph: ModelGraph, tokens: int) -> float:
+    """16-bit hidden states of ``tokens`` tokens, each routed to top_k experts, at the busiest rank's share."""
     moe = graph.model.moe
     assert moe is not None
+    return float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
+
+
+def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:
     # The tokens of this rank's sequence shard with folded experts or the all-to-all dispatcher; otherwise they
     # were gathered over TP before the router.
-    local = layout.experts_folded or _gathers_after_dispatch(layout)
-    tokens = _tokens(layout) // (layout.tp.size if local else 1)
-    size = float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
-    return Comm(f"{tag}.all_to_all", "all_to_all", layout.ep, size, "ep")
+    tokens = _tokens(layout) // (layout.tp.size if _dispatches_own_shard(layout) else 1)
+    return Comm(f"{tag}.all_to_all", "all_to_all", layout.ep, _routed_bytes(layout, graph, tokens), "ep")
 
 
 def _expert_tp_comm(layout: Layout, graph: ModelGraph, tag: str, collective: str) -> Comm:
     """The all-to-all dispatcher's TP all-gather of the routed tokens after the dispatch (``all_gather``) or
     reduce-scatter before the combine: every TP rank ends with all routed tokens of its experts (gathered size,
     the busiest rank's share)."""
-    moe = graph.model.moe
-    assert moe is not None
-    size = float(ACT_BYTES * _tokens(layout) * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
-    return Comm(f"{tag}.{collective}", collective, layout.tp, size, "tp")
+    return Comm(f"{tag}.{collective}", collective, layout.tp, _routed_bytes(layout, graph, _tokens(layout)), "tp")
 
 
 # What selective recomputation re-runs besides a fused attention core: the unfused core's score product, softmax,
@@ -766,7 +784,7 @@ def _emit_backward(
     gathered = _gathers_after_dispatch(layout)
     starts, ends, gathers = (
         (_FOLDED_BWD_REGION_START, _FOLDED_BWD_REGION_END, _FOLDED_DGRAD_WITH_INPUT_GATHER)
-        if layout.experts_folded or gathered
+        if _dispatches_own_shard(layout)
         else (_BWD_REGION_START, _BWD_REGION_END, _DGRAD_WITH_INPUT_GATHER)
     )
     for op in ops:

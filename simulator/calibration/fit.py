@@ -53,7 +53,6 @@ from simulator.specs.calibration import (
     BandwidthCurve,
     CalibrationTable,
     EfficiencyCurve,
-    interp,
 )
 from simulator.specs.hardware import DeviceSpec
 from simulator.units import GB
@@ -388,7 +387,7 @@ def default_table(
         raise CalibrationError("default_table needs at least one measured table")
     compute: list[EfficiencyCurve] = []
     for kind in COMPUTE_OPS:
-        shifted: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+        shifted: list[tuple[EfficiencyCurve, float]] = []
         for table, device, _ in measured:
             for curve in table.compute:
                 if curve.op != kind or curve.precision not in ("fp16", "bf16", "any"):
@@ -401,15 +400,15 @@ def default_table(
                     if memory_bound
                     else device.peak(curve.precision if curve.precision != "any" else "bf16")
                 )
-                off = math.log10(peak)
-                shifted.append((tuple(x - off for x in curve.log10_size), curve.efficiency))
+                shifted.append((curve, math.log10(peak)))
         if not shifted:
             continue
-        lo = min(xs[0] for xs, _ in shifted)
-        hi = max(xs[-1] for xs, _ in shifted)
+        lo = min(c.log10_size[0] - off for c, off in shifted)
+        hi = max(c.log10_size[-1] - off for c, off in shifted)
         grid = [lo + i * step for i in range(int((hi - lo) / step) + 1)] + [hi]
+        # Each measured curve read as it is used (EfficiencyCurve.at: log-linear, flat outside its range).
         ys = list(
-            monotone_time(grid, [statistics.median(interp(xs, vals, g) for xs, vals in shifted) for g in grid], 10.0)
+            monotone_time(grid, [statistics.median(c.at(10.0 ** (g + off)) for c, off in shifted) for g in grid], 10.0)
         )
         xs_out: list[float] = []
         ys_out: list[float] = []
@@ -440,7 +439,7 @@ def default_table(
         grid = [lo + i * 0.5 for i in range(int((hi - lo) / 0.5) + 1)]
         fractions = monotone_time(
             grid,
-            [statistics.median(interp(c.log2_bytes, c.busbw_bytes_per_s, g) / bw for c, bw in items) for g in grid],
+            [statistics.median(c.at(2.0**g) / bw for c, bw in items) for g in grid],
             2.0,
         )
         bands.append(

@@ -84,6 +84,13 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         help="weight-gradient GEMMs accumulate into the gradient buffer (Megatron's default since 2022); "
         "--no-grad-accum-fusion adds one gradient add per micro-batch, as 2021 Megatron-LM and DeepSpeed did",
     )
+    g.add_argument(
+        "--fp8-param",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="in FP8 training keep the FP8 GEMMs' weights in FP8 only (Megatron-Core --fp8-param-gather): no "
+        "16-bit copy beside Transformer Engine's cached FP8 one, and 1-byte parameter all-gathers",
+    )
     g.add_argument("--plan", type=Path, help="plan YAML file; options given on the command line override it")
     g.add_argument(
         "--set",
@@ -117,6 +124,7 @@ _PLAN_KEYS = (
     "grad_overlap",
     "tp_overlap",
     "grad_accum_fusion",
+    "fp8_param",
 )
 
 

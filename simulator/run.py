@@ -29,6 +29,7 @@ from simulator.parallel.program import (
     Comm,
     Program,
     build_programs,
+    chunk_fp8_params,
     chunk_params,
     expert_load,
     param_all_gathers,
@@ -131,6 +132,7 @@ class StepResult:
                 "grad_overlap": plan.grad_overlap,
                 "tp_overlap": plan.tp_overlap,
                 "grad_accum_fusion": plan.grad_accum_fusion,
+                "fp8_param": plan.fp8_param,
                 "precision": plan.precision,
                 "grad_dtype": plan.grad_dtype,
                 "attention": plan.attention,
@@ -588,6 +590,7 @@ def _pipeline_input(
         wgt: list[FoldResult] = []
         buckets: list[tuple[float, ...]] = []
         local_dense = local_expert = 0.0
+        local_fp8 = (0.0, 0.0)
         for chunk in stage_chunks:
             cached = folds.get(chunk.blocks)
             if cached is None:
@@ -606,6 +609,8 @@ def _pipeline_input(
             dense, expert = chunk_params(graph, layout, chunk)
             local_dense += dense
             local_expert += expert
+            fp8_dense, fp8_expert = chunk_fp8_params(graph, layout, chunk)
+            local_fp8 = (local_fp8[0] + fp8_dense, local_fp8[1] + fp8_expert)
             buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_params) if zero < 3 else ())
         local_params = local_dense + local_expert
         # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer of dense parameters over dp and
@@ -617,7 +622,8 @@ def _pipeline_input(
         param_gather_s = 0.0
         if zero in (1, 2):
             # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
-            param_gather_s = sum(comm.time(c) for c in param_all_gathers(local_dense, local_expert, layout, "step"))
+            gathers = param_all_gathers(local_dense, local_expert, layout, "step", local_fp8)
+            param_gather_s = sum(comm.time(c) for c in gathers)
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size

@@ -2,7 +2,10 @@
 
 Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
 
-* weights: 2 bytes per local parameter (16-bit), divided by the data-parallel degree under ZeRO-3/FSDP;
+* weights: 2 bytes per local parameter (16-bit), divided by the data-parallel degree under ZeRO-3/FSDP; in FP8
+  training 2 more bytes per parameter of the FP8 GEMMs, the quantized copies Transformer Engine caches
+  (:data:`FP8_WEIGHT_CACHE_BYTES`), unless ``fp8_param`` keeps those weights in FP8 only (1 byte plus its cached
+  transpose, in place of the 16-bit weight);
 * gradients: 4 bytes (fp32 main gradients, bf16 training) or 2 (fp16), divided by dp under ZeRO-2/3;
 * optimizer: 12 bytes (fp32 master weight, Adam momentum and variance), divided by dp under ZeRO-1 and up
   (Megatron's distributed optimizer; Rajbhandari et al. 2020, Sec. 5);
@@ -26,12 +29,18 @@ from dataclasses import dataclass
 
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
-from simulator.parallel.program import attention_output_copy_bytes, chunk_params, local_act_bytes, local_params
+from simulator.parallel.program import (
+    attention_output_copy_bytes,
+    chunk_fp8_params,
+    chunk_params,
+    local_act_bytes,
+    local_params,
+)
 from simulator.parallel.schedule import Task, in_flight
 from simulator.parallel.stages import Chunk
 from simulator.units import GIB, fmt_bytes
 
-__all__ = ["RESERVED_BYTES", "StageMemory", "stage_memory"]
+__all__ = ["FP8_WEIGHT_CACHE_BYTES", "RESERVED_BYTES", "StageMemory", "stage_memory"]
 
 # Device memory a training process holds outside PyTorch's tensors, as the sum of its measured parts:
 # * the CUDA context: 287 MB with lazy module loading (PyTorch's default since 1.13; 667 MB eager), measured
@@ -49,6 +58,16 @@ RESERVED_SOURCE = (
     "CUDA context 287 MB (pytorch/pytorch#86509) + NCCL channel buffers (NCCL_BUFFSIZE 4 MiB per channel "
     "and peer; nccl#285, #864, #986) + cuBLAS workspaces"
 )
+
+# Bytes per parameter of an FP8 GEMM's weight that Transformer Engine keeps besides the 16-bit weight: with
+# Megatron-Core's default (disable_parameter_transpose_cache off) its linear layers are called with
+# is_first_microbatch, and TE then quantizes each weight once per step into a cached workspace
+# (TransformerEngineBaseModule.get_weight_workspace, cache_name "weight"; GroupedLinear "weight{i}" per expert)
+# that it reuses for every micro-batch. In training the weight quantizer is set to rowwise and columnwise usage
+# (linear.py: set_usage(rowwise=True, columnwise=is_grad_enabled ...)): one FP8 copy for the forward GEMM and one
+# transposed for the backward data-gradient GEMM, 1 byte each. MXFP8's scales (1 byte per 32 values per copy)
+# are left out. Under TE's FSDP path the cached workspace is sharded like the weight (_fsdp_gather_tensors).
+FP8_WEIGHT_CACHE_BYTES = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,14 +165,20 @@ def stage_memory(
     """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``; ``live`` is
     ``in_flight(order, vp)`` when the caller has it already."""
     plan = layout.plan
-    dense = expert = 0.0
+    dense = expert = fp8_dense = fp8_expert = 0.0
     for chunk in chunks:
         d, e = chunk_params(graph, layout, chunk)
         dense += d
         expert += e
+        d, e = chunk_fp8_params(graph, layout, chunk)
+        fp8_dense += d
+        fp8_expert += e
     dp, edp = layout.dp.size, layout.edp.size
     zero = plan.zero_stage
     weights = 2.0 * (dense / dp + expert / edp if zero >= 3 else dense + expert)
+    if not plan.fp8_weights:
+        # With fp8_param the FP8 weight (1 byte) and its cached transpose (1 byte) take the 16-bit copy's place.
+        weights += FP8_WEIGHT_CACHE_BYTES * (fp8_dense / dp + fp8_expert / edp if zero >= 3 else fp8_dense + fp8_expert)
     grad_b = plan.grad_bytes
     gradients = grad_b * (dense / dp + expert / edp if zero >= 2 else dense + expert)
     optimizer = 12.0 * (dense / dp + expert / edp if zero >= 1 else dense + expert)

@@ -49,6 +49,7 @@ __all__ = [
     "Step",
     "attention_output_copy_bytes",
     "build_programs",
+    "chunk_fp8_params",
     "chunk_params",
     "expert_load",
     "fp8_gemm",
@@ -236,7 +237,7 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
     """
     dense = expert = 0.0
     for name, count in chunk.blocks:
-        block_dense, block_expert = _block_params(graph, layout, name)
+        block_dense, block_expert, _, _ = _block_params(graph, layout, name)
         dense += block_dense * count
         expert += block_expert * count
     if any(name == "head" for name, _ in chunk.blocks) and graph.model.tied_embeddings and layout.pp.size > 1:
@@ -244,25 +245,40 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
     return dense, expert
 
 
-# (dense, expert) parameters one rank holds of one block, by (model, block, tp, ep, folded): they do not depend
-# on the sequence or micro-batch, and a layout search asks for the same blocks thousands of times.
-_BLOCK_PARAMS: dict[tuple[object, ...], tuple[int, int]] = {}
+def chunk_fp8_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float, float]:
+    """(dense, expert) parameters of ``chunk``'s FP8 GEMMs one rank holds (:attr:`Op.fp8_capable`): the weights
+    Transformer Engine keeps a quantized copy of when the model trains in FP8 (0 when it does not)."""
+    if layout.plan.precision != "fp8":
+        return 0.0, 0.0
+    dense = expert = 0.0
+    for name, count in chunk.blocks:
+        _, _, block_dense, block_expert = _block_params(graph, layout, name)
+        dense += block_dense * count
+        expert += block_expert * count
+    return dense, expert
+
+
+# (dense, expert, FP8 dense, FP8 expert) parameters one rank holds of one block, by (model, block, tp, ep,
+# folded): they do not depend on the sequence or micro-batch, and a layout search asks for the same blocks
+# thousands of times.
+_BLOCK_PARAMS: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
 _BLOCK_PARAMS_MAX = 4096
 
 
-def _block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, int]:
+def _block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, int, int, int]:
     key = (graph.model, name, layout.tp.size, layout.ep.size, layout.experts_folded)
     hit = _BLOCK_PARAMS.get(key)
     if hit is None:
-        dense = expert = 0
+        counts = [0, 0, 0, 0]
         for op in graph.block(name).forward:
-            if _is_expert_gemm(op):
-                expert += local_params(op, layout)
-            else:
-                dense += local_params(op, layout)
+            params = local_params(op, layout)
+            expert = 1 if _is_expert_gemm(op) else 0
+            counts[expert] += params
+            if op.fp8_capable:
+                counts[2 + expert] += params
         if len(_BLOCK_PARAMS) >= _BLOCK_PARAMS_MAX:
             _BLOCK_PARAMS.clear()
-        hit = _BLOCK_PARAMS[key] = (dense, expert)
+        hit = _BLOCK_PARAMS[key] = (counts[0], counts[1], counts[2], counts[3])
     return hit
 
 
@@ -408,16 +424,22 @@ def _split_params(f_ops: list[Op]) -> tuple[int, int]:
     return sum(op.params for op in f_ops) - expert, expert
 
 
-def param_all_gathers(dense: float, expert: float, layout: Layout, name: str) -> list[Comm]:
-    """The all-gathers of ``dense`` and ``expert`` local parameters in 16 bits, each over its sharding group."""
+def param_all_gathers(
+    dense: float, expert: float, layout: Layout, name: str, fp8: tuple[float, float] = (0.0, 0.0)
+) -> list[Comm]:
+    """The all-gathers of ``dense`` and ``expert`` local parameters, each over its sharding group: in 16 bits,
+    but for the ``fp8`` (dense, expert) parameters among them, gathered in 1 byte when the plan keeps the FP8
+    GEMMs' weights in FP8 (``fp8_param``; Megatron-Core's ``--fp8-param-gather``)."""
+    in_fp8 = dict(zip(("", "expert_"), fp8 if layout.plan.fp8_weights else (0.0, 0.0), strict=True))
     return [
-        Comm(f"{name}.{tag}param_all_gather", "all_gather", group, float(2 * params), "dp")
+        Comm(f"{name}.{tag}param_all_gather", "all_gather", group, float(2 * params - in_fp8[tag]), "dp")
         for tag, group, params in _sharding_groups(dense, expert, layout)
     ]
 
 
 def _param_gathers(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
-    return param_all_gathers(*_split_params(f_ops), layout, name)
+    fp8 = _split_params([op for op in f_ops if op.fp8_capable])
+    return param_all_gathers(*_split_params(f_ops), layout, name, (float(fp8[0]), float(fp8[1])))
 
 
 def _grad_scatters(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:

@@ -24,6 +24,13 @@ micro-batches (Megatron-LM ``--gradient-accumulation-fusion``, the default since
 ``grad_added_to_main_grad``); off, every micro-batch's backward adds each parameter's fresh 16-bit gradient
 into the buffer in a separate kernel (Megatron-LM's 2021 ``param_hook``: ``main_grad.add_(grad)``; PyTorch
 autograd's own accumulation behaves alike), reading the gradient and the buffer and writing the buffer.
+``fp8_param`` (off by default, as Megatron-Core's ``--fp8-param-gather``; NeMo's ``fp8_params``; Megatron-Bridge's
+FP8 recipes turn it on) keeps the weights of the FP8 GEMMs in FP8 only when training in FP8: no 16-bit copy
+beside Transformer Engine's quantized one, and the distributed optimizer gathers them in 1 byte instead of 2.
+Off, Transformer Engine caches FP8 copies next to the 16-bit weights
+(:data:`simulator.cost.memory.FP8_WEIGHT_CACHE_BYTES`).
+It needs the distributed optimizer or FSDP (``zero_stage`` 1 or more; Megatron-LM asserts "--fp8-param-gather only
+supported with distributed optimizer") and does nothing in 16-bit training.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ _KNOB_READERS: dict[str, Any] = {
     "grad_overlap": lambda f, key, default: f.boolean(key, default),
     "tp_overlap": lambda f, key, default: f.boolean(key, default),
     "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
+    "fp8_param": lambda f, key, default: f.boolean(key, default),
     "grad_dtype": lambda f, key, default: f.choice(key, GRAD_DTYPES, default),
     "attention": lambda f, key, default: f.choice(key, ATTENTION, default),
     "cp_comm": lambda f, key, default: f.choice(key, CP_COMM, default),
@@ -121,6 +129,7 @@ class PlanSpec:
     grad_overlap: bool | None = None
     tp_overlap: bool | None = None
     grad_accum_fusion: bool = True
+    fp8_param: bool = False  # FP8 GEMM weights kept in FP8 only (module docstring)
     precision: str = "bf16"
     grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
@@ -156,6 +165,18 @@ class PlanSpec:
             )
         if self.schedule == "interleaved" and self.vp == 1:
             raise SpecError("vp", "must be > 1 with the interleaved schedule, got vp=1", "raise vp or use 1f1b")
+        if self.fp8_param and self.precision == "fp8" and self.zero_stage == 0:
+            raise SpecError(
+                "fp8_param",
+                "FP8 weights need the distributed optimizer or FSDP to hold their higher-precision master copy, "
+                "got zero_stage=0",
+                "set zero_stage to 1 or more, or fp8_param to false",
+            )
+
+    @property
+    def fp8_weights(self) -> bool:
+        """Whether the FP8 GEMMs' weights are held in FP8 only (``fp8_param`` in an FP8 run)."""
+        return self.fp8_param and self.precision == "fp8"
 
     @staticmethod
     def derive_dp(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
@@ -222,6 +243,7 @@ class PlanSpec:
             "grad_overlap": read_knob(g, "grad_overlap", None),
             "tp_overlap": read_knob(g, "tp_overlap", None),
             "grad_accum_fusion": read_knob(g, "grad_accum_fusion", True),
+            "fp8_param": read_knob(g, "fp8_param", False),
             "precision": g.choice("precision", PRECISIONS, "bf16"),
             "grad_dtype": read_knob(g, "grad_dtype", None),
             "attention": read_knob(g, "attention", "flash"),

@@ -17,7 +17,13 @@ from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.graph.ops import Op
 from simulator.graph.transformer import build_graph
 from simulator.parallel.layout import resolve_layout
-from simulator.parallel.program import Comm, attention_output_copy_bytes, build_programs, local_act_bytes
+from simulator.parallel.program import (
+    Comm,
+    attention_output_copy_bytes,
+    build_programs,
+    local_act_bytes,
+    local_params,
+)
 from simulator.run import simulate
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
 from simulator.specs.library import load_calibration, load_cluster
@@ -612,6 +618,62 @@ def test_fp8_attention_keeps_its_own_16_bit_output() -> None:
     core = next(op for op in layer.forward if op.name == "attn.core")
     assert attention_output_copy_bytes(core, layout) == out_bytes
     assert attention_output_copy_bytes(core, resolve_layout(DENSE, h100, bf16.with_(seq_len=DENSE.seq_len))) == 0
+
+
+def _fp8_gemm_params(model: ModelSpec, plan: PlanSpec, cluster: ClusterSpec) -> float:
+    """Parameters one rank holds of the GEMMs that run in FP8 (all decoder layers: the output layer stays 16-bit)."""
+    layout = resolve_layout(model, cluster, plan.with_(seq_len=model.seq_len))
+    block = build_graph(model, model.seq_len, 1).block("layer.dense")
+    return model.layers * sum(local_params(op, layout) for op in block.forward if op.fp8_capable)
+
+
+def test_fp8_training_holds_transformer_engines_cached_fp8_weights() -> None:
+    """With 16-bit weights, Transformer Engine quantizes each FP8 GEMM's weight once per step into a cached
+    workspace, rowwise and columnwise (1 byte each), beside the 16-bit weight. With fp8_param the FP8 weight and
+    its transpose replace the 16-bit copy; in 16-bit training the knob changes nothing."""
+    h100 = load_cluster("dgx-h100")
+    bf16 = _plan(tp=2, dp=2, zero_stage=1, global_batch=16)
+    fp8 = bf16.with_(precision="fp8")
+    cached = _fp8_gemm_params(DENSE, fp8, h100)
+    assert cached > 0
+    base = _sim(DENSE, bf16, h100).memory[0].weights
+    assert _sim(DENSE, fp8, h100).memory[0].weights == pytest.approx(base + 2.0 * cached)
+    assert _sim(DENSE, fp8.with_(fp8_param=True), h100).memory[0].weights == pytest.approx(base)
+    assert _sim(DENSE, bf16.with_(fp8_param=True), h100).memory[0].weights == pytest.approx(base)
+    # Under ZeRO-3 the cache is sharded like the weights it copies.
+    z3 = fp8.with_(zero_stage=3)
+    assert _sim(DENSE, z3, h100).memory[0].weights == pytest.approx(
+        _sim(DENSE, z3.with_(precision="bf16"), h100).memory[0].weights + 2.0 * cached / 2
+    )
+
+
+def test_fp8_params_are_gathered_in_one_byte() -> None:
+    """fp8_param (Megatron-Core --fp8-param-gather): ZeRO-3's per-layer gathers move the FP8 GEMMs' weights in
+    1 byte and the rest (norms) in 2."""
+    h100 = load_cluster("dgx-h100")
+    plan = _plan(dp=4, zero_stage=3, precision="fp8", global_batch=16)
+    layout = resolve_layout(DENSE, h100, plan.with_(seq_len=DENSE.seq_len))
+    graph = build_graph(DENSE, DENSE.seq_len, 1)
+
+    def gathered(p: PlanSpec) -> float:
+        lay = resolve_layout(DENSE, h100, p.with_(seq_len=DENSE.seq_len))
+        progs = build_programs(graph, lay, (("layer.dense", 1),))
+        comms = {s.work.name: s.work for prog in progs for s in prog if isinstance(s.work, Comm)}
+        return sum(c.size_bytes for n, c in comms.items() if n.endswith("param_all_gather"))
+
+    layer = graph.block("layer.dense").forward
+    total = sum(op.params for op in layer)
+    in_fp8 = sum(op.params for op in layer if op.fp8_capable)
+    assert 0 < in_fp8 < total
+    assert gathered(plan) == pytest.approx(2.0 * total)
+    assert gathered(plan.with_(fp8_param=True)) == pytest.approx(2.0 * total - in_fp8)
+    assert layout.dp.size == 4
+
+
+def test_fp8_param_needs_a_sharded_optimizer() -> None:
+    with pytest.raises(SpecError, match="zero_stage=0"):
+        _plan(precision="fp8", fp8_param=True)
+    assert _plan(precision="bf16", fp8_param=True).fp8_weights is False
 
 
 def test_tensor_parallel_divides_weights() -> None:

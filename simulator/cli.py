@@ -91,6 +91,12 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         help="in FP8 training keep the FP8 GEMMs' weights in FP8 only (Megatron-Core --fp8-param-gather): no "
         "16-bit copy beside Transformer Engine's cached FP8 one, and 1-byte parameter all-gathers",
     )
+    g.add_argument(
+        "--vocab-divisible-by",
+        type=int,
+        help="pad the vocabulary to a multiple of this times tp, as Megatron-LM's --make-vocab-size-divisible-by "
+        "(default 128; 1 pads only to a multiple of tp)",
+    )
     g.add_argument("--plan", type=Path, help="plan YAML file; options given on the command line override it")
     g.add_argument(
         "--set",
@@ -125,6 +131,7 @@ _PLAN_KEYS = (
     "tp_overlap",
     "grad_accum_fusion",
     "fp8_param",
+    "vocab_divisible_by",
 )
 
 

@@ -133,6 +133,7 @@ class StepResult:
                 "tp_overlap": plan.tp_overlap,
                 "grad_accum_fusion": plan.grad_accum_fusion,
                 "fp8_param": plan.fp8_param,
+                "vocab_divisible_by": plan.vocab_divisible_by,
                 "precision": plan.precision,
                 "grad_dtype": plan.grad_dtype,
                 "attention": plan.attention,
@@ -266,6 +267,10 @@ def _gc_paused() -> Iterator[None]:
 def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool) -> StepResult:
     seq_len = plan.seq_len or model.seq_len
     plan = replace(plan, seq_len=seq_len)
+    vocab = plan.padded_vocab(model.vocab)
+    if vocab != model.vocab:
+        # Megatron-LM builds the embedding and output layer for the padded vocabulary (PlanSpec.vocab_divisible_by).
+        model = replace(model, vocab=vocab)
     _check_precision(cluster, plan)  # once, before any candidate: they all share the precision
     if not plan.free_knobs:
         return _run(model, cluster, plan, record, {})

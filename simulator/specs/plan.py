@@ -31,6 +31,11 @@ Off, Transformer Engine caches FP8 copies next to the 16-bit weights
 (:data:`simulator.cost.memory.FP8_WEIGHT_CACHE_BYTES`).
 It needs the distributed optimizer or FSDP (``zero_stage`` 1 or more; Megatron-LM asserts "--fp8-param-gather only
 supported with distributed optimizer") and does nothing in 16-bit training.
+``vocab_divisible_by`` is Megatron-LM's ``--make-vocab-size-divisible-by`` (default 128, also NeMo's): the
+embedding and output layer are built for the vocabulary padded up to a multiple of it times tp
+(``_vocab_size_with_padding``: Llama 3's 128,256 tokens become 129,024 at tp 8), which is what they hold and
+compute; 1 pads only to a multiple of tp, which the vocab-parallel layers need (frameworks that do not pad, such
+as Composer/llm-foundry without TP).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ _KNOB_READERS: dict[str, Any] = {
     "tp_overlap": lambda f, key, default: f.boolean(key, default),
     "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
     "fp8_param": lambda f, key, default: f.boolean(key, default),
+    "vocab_divisible_by": lambda f, key, default: f.integer(key, default, minimum=1),
     "grad_dtype": lambda f, key, default: f.choice(key, GRAD_DTYPES, default),
     "attention": lambda f, key, default: f.choice(key, ATTENTION, default),
     "cp_comm": lambda f, key, default: f.choice(key, CP_COMM, default),
@@ -130,6 +136,7 @@ class PlanSpec:
     tp_overlap: bool | None = None
     grad_accum_fusion: bool = True
     fp8_param: bool = False  # FP8 GEMM weights kept in FP8 only (module docstring)
+    vocab_divisible_by: int = 128  # the vocabulary is padded to a multiple of this times tp (module docstring)
     precision: str = "bf16"
     grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
@@ -148,6 +155,7 @@ class PlanSpec:
         check_scalar_types(self)
         check_ranges(self, {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "global_batch": 1}, "use a positive degree")
         check_ranges(self, {"vp": 1, "micro_batch": 1, "seq_len": 1, "recompute_layers": 1, "expert_tp": 1})
+        check_ranges(self, {"vocab_divisible_by": 1}, "use 1 for no padding")
         check_ranges(self, {"expert_imbalance": 1.0, "straggler_factor": 1.0}, "1 means no slowdown")
         if not 0 <= self.zero_stage <= 3:
             raise SpecError("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}", "pick a ZeRO stage")
@@ -205,6 +213,11 @@ class PlanSpec:
         """``grad_dtype``, or Megatron-LM's default for the precision when it is not set (see :attr:`grad_bytes`)."""
         return self.grad_dtype or ("fp16" if self.precision == "fp16" else "fp32")
 
+    def padded_vocab(self, vocab: int) -> int:
+        """``vocab`` padded up to a multiple of ``vocab_divisible_by`` · tp, as Megatron-LM builds the model."""
+        multiple = self.vocab_divisible_by * self.tp
+        return -(-vocab // multiple) * multiple
+
     @property
     def num_gpus(self) -> int:
         """tp · pp · dp · cp."""
@@ -244,6 +257,7 @@ class PlanSpec:
             "tp_overlap": read_knob(g, "tp_overlap", None),
             "grad_accum_fusion": read_knob(g, "grad_accum_fusion", True),
             "fp8_param": read_knob(g, "fp8_param", False),
+            "vocab_divisible_by": read_knob(g, "vocab_divisible_by", 128),
             "precision": g.choice("precision", PRECISIONS, "bf16"),
             "grad_dtype": read_knob(g, "grad_dtype", None),
             "attention": read_knob(g, "attention", "flash"),

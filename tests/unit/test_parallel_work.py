@@ -676,6 +676,22 @@ def test_fp8_param_needs_a_sharded_optimizer() -> None:
     assert _plan(precision="bf16", fp8_param=True).fp8_weights is False
 
 
+def test_vocabulary_is_padded_as_megatron_builds_it() -> None:
+    """Megatron-LM pads the vocabulary to a multiple of make-vocab-size-divisible-by (128) times tp and builds the
+    embedding and output layer for it; vocab_divisible_by 1 pads only to a multiple of tp."""
+    assert _plan(tp=8).padded_vocab(128256) == 129024  # Llama 3's tokenizer at tp 8
+    assert _plan(tp=1).padded_vocab(50257) == 50304  # GPT-2's, as Megatron logs it
+    assert _plan(tp=2, vocab_divisible_by=1).padded_vocab(50257) == 50258  # vocab-parallel layers need tp | vocab
+    assert _plan(tp=1, vocab_divisible_by=1).padded_vocab(50257) == 50257
+    odd = replace(DENSE, vocab=8000)  # padded to 8192 at tp 2
+    padded = _sim(odd, _plan(tp=2)).memory[0].weights
+    stated = _sim(odd, _plan(tp=2, vocab_divisible_by=1)).memory[0].weights
+    rows = 8192 - 8000
+    assert padded - stated == pytest.approx(2.0 * rows * odd.hidden / 2 * (1 if odd.tied_embeddings else 2))
+    with pytest.raises(SpecError, match="vocab_divisible_by"):
+        _plan(vocab_divisible_by=0)
+
+
 def test_tensor_parallel_divides_weights() -> None:
     """Issue 3 (TP): tp=4 holds a quarter of each layer's weights per rank (embedding vocab-split too); norms
     and a learned position table stay whole on every rank (Megatron-LM's position embedding is a plain

@@ -595,7 +595,6 @@ def _pipeline_input(
         wgt: list[FoldResult] = []
         buckets: list[tuple[float, ...]] = []
         local_dense = local_expert = 0.0
-        local_fp8 = (0.0, 0.0)
         for chunk in stage_chunks:
             cached = folds.get(chunk.blocks)
             if cached is None:
@@ -614,8 +613,6 @@ def _pipeline_input(
             dense, expert = chunk_params(graph, layout, chunk)
             local_dense += dense
             local_expert += expert
-            fp8_dense, fp8_expert = chunk_fp8_params(graph, layout, chunk)
-            local_fp8 = (local_fp8[0] + fp8_dense, local_fp8[1] + fp8_expert)
             buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_params) if zero < 3 else ())
         local_params = local_dense + local_expert
         # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer of dense parameters over dp and
@@ -627,7 +624,10 @@ def _pipeline_input(
         param_gather_s = 0.0
         if zero in (1, 2):
             # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
-            gathers = param_all_gathers(local_dense, local_expert, layout, "step", local_fp8)
+            # (FP8 layers' weights in 1 byte with fp8_param.)
+            fp8 = [chunk_fp8_params(graph, layout, chunk) for chunk in stage_chunks]
+            fp8_split = (sum(d for d, _ in fp8), sum(e for _, e in fp8))
+            gathers = param_all_gathers(local_dense, local_expert, layout, "step", fp8_split)
             param_gather_s = sum(comm.time(c) for c in gathers)
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):

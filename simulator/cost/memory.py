@@ -175,13 +175,17 @@ def stage_memory(
         fp8_expert += e
     dp, edp = layout.dp.size, layout.edp.size
     zero = plan.zero_stage
-    weights = 2.0 * (dense / dp + expert / edp if zero >= 3 else dense + expert)
+
+    def per_rank(d: float, e: float, from_stage: int) -> float:
+        """Parameters held per rank: dense ones sharded over dp and experts' over edp from ZeRO ``from_stage``."""
+        return d / dp + e / edp if zero >= from_stage else d + e
+
+    weights = 2.0 * per_rank(dense, expert, 3)
     if not plan.fp8_weights:
         # With fp8_param the FP8 weight (1 byte) and its cached transpose (1 byte) take the 16-bit copy's place.
-        weights += FP8_WEIGHT_CACHE_BYTES * (fp8_dense / dp + fp8_expert / edp if zero >= 3 else fp8_dense + fp8_expert)
-    grad_b = plan.grad_bytes
-    gradients = grad_b * (dense / dp + expert / edp if zero >= 2 else dense + expert)
-    optimizer = 12.0 * (dense / dp + expert / edp if zero >= 1 else dense + expert)
+        weights += FP8_WEIGHT_CACHE_BYTES * per_rank(fp8_dense, fp8_expert, 3)
+    gradients = plan.grad_bytes * per_rank(dense, expert, 2)
+    optimizer = 12.0 * per_rank(dense, expert, 1)
 
     if live is None:
         live = in_flight(order, layout.vp)

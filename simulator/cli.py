@@ -97,6 +97,13 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         help="pad the vocabulary to a multiple of this times tp, as Megatron-LM's --make-vocab-size-divisible-by "
         "(default 128; 1 pads only to a multiple of tp)",
     )
+    for end in ("start", "end"):
+        g.add_argument(
+            f"--layers-at-{end}-in-bf16",
+            type=int,
+            help=f"in FP8 training keep this many decoder layers at the {end} in BF16 (Megatron-Core "
+            f"--first-last-layers-bf16 --num-layers-at-{end}-in-bf16; default 0)",
+        )
     g.add_argument("--plan", type=Path, help="plan YAML file; options given on the command line override it")
     g.add_argument(
         "--set",
@@ -132,6 +139,8 @@ _PLAN_KEYS = (
     "grad_accum_fusion",
     "fp8_param",
     "vocab_divisible_by",
+    "layers_at_start_in_bf16",
+    "layers_at_end_in_bf16",
 )
 
 

@@ -134,6 +134,8 @@ class StepResult:
                 "grad_accum_fusion": plan.grad_accum_fusion,
                 "fp8_param": plan.fp8_param,
                 "vocab_divisible_by": plan.vocab_divisible_by,
+                "layers_at_start_in_bf16": plan.layers_at_start_in_bf16,
+                "layers_at_end_in_bf16": plan.layers_at_end_in_bf16,
                 "precision": plan.precision,
                 "grad_dtype": plan.grad_dtype,
                 "attention": plan.attention,
@@ -479,7 +481,7 @@ def _layout_memory(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> _S
         When the plan cannot be laid out or scheduled.
     """
     layout = resolve_layout(model, cluster, plan)
-    graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention)
+    graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention, plan.bf16_layers)
     chunks = partition(graph, plan.pp, layout.vp)
     orders, live = schedule_with_in_flight(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     capacity = cluster.device.hbm_bytes

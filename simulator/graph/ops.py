@@ -65,6 +65,9 @@ class Op:
     kernel : str
         Attention core only: the fused kernel that runs it (the plan's ``attention`` knob: ``flash``, ``flash2``
         or ``cudnn``), which selects its calibration curve; empty for other ops.
+    fp8_layer : bool
+        Whether the op's block runs in FP8 when the model trains in FP8: False in the decoder layers the plan
+        keeps in BF16 (``layers_at_start_in_bf16``, ``layers_at_end_in_bf16``).
     """
 
     name: str
@@ -91,6 +94,7 @@ class Op:
     sp_tokens: bool = False
     bwd_factor: float = 1.0  # attention: backward FLOPs relative to forward (hardware count)
     kernel: str = ""
+    fp8_layer: bool = True
 
     # -- derived quantities ---------------------------------------------------------------------------
     @property
@@ -152,8 +156,8 @@ class Op:
 
     @property
     def fp8_capable(self) -> bool:
-        """Whether this op runs as an FP8 GEMM when the model trains in FP8 (:data:`FP8_EXCLUDED`)."""
-        return self.kind == "gemm" and not self.name.startswith(FP8_EXCLUDED)
+        """Whether this op runs as an FP8 GEMM when the model trains in FP8 (:data:`FP8_EXCLUDED`, ``fp8_layer``)."""
+        return self.kind == "gemm" and self.fp8_layer and not self.name.startswith(FP8_EXCLUDED)
 
     def with_(self, **changes: Any) -> Op:
         """A copy with some fields changed."""

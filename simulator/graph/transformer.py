@@ -48,6 +48,8 @@ __all__ = ["ATTENTION_KERNELS", "OPTIMIZER_BYTES_PER_PARAM", "Block", "ModelGrap
 # Fused kernels (flash, flash2, cudnn) build the same ops; unfused builds GEMMs and softmax.
 ATTENTION_KERNELS = ATTENTION
 E = 2  # bytes per 16-bit activation element
+# Name suffix of the decoder-layer blocks an FP8 run keeps in BF16 (build_graph's bf16_layers).
+BF16_SUFFIX = ".bf16"
 # Mixed-precision Adam, bytes per parameter (module docstring; Megatron-LM MixedPrecisionOptimizer.step):
 ADAM_READ, ADAM_WRITE = 16.0, 12.0  # fused Adam: reads main grad, master, exp_avg, exp_avg_sq; writes the last 3
 GRAD_NORM_READ = 4.0  # clip_grad_norm: multi_tensor_l2norm over the fp32 main gradients
@@ -562,8 +564,14 @@ def _head(model: ModelSpec, b: int, s: int) -> tuple[list[Op], list[Op]]:
 
 
 @lru_cache(maxsize=512)
-def build_graph(model: ModelSpec, seq_len: int, micro_batch: int, attention: str = "flash") -> ModelGraph:
+def build_graph(
+    model: ModelSpec, seq_len: int, micro_batch: int, attention: str = "flash", bf16_layers: tuple[int, int] = (0, 0)
+) -> ModelGraph:
     """Build the operator graph of ``model`` for micro-batches of ``micro_batch`` sequences of ``seq_len``.
+
+    ``bf16_layers`` = (first, last): that many decoder layers at the start and at the end form their own block
+    (``layer.dense.bf16``, ``layer.moe.bf16``) whose ops are marked to stay in 16 bits in FP8 training
+    (:attr:`Op.fp8_layer`; the plan's ``layers_at_start_in_bf16`` and ``layers_at_end_in_bf16``).
 
     Cached: the same arguments return the same object.
 
@@ -574,21 +582,30 @@ def build_graph(model: ModelSpec, seq_len: int, micro_batch: int, attention: str
     >>> g = build_graph(m, 128, 2)
     >>> [b.name for b in g.blocks], g.block("layer.dense").count
     (['embedding', 'layer.dense', 'head'], 4)
+    >>> build_graph(m, 128, 2, bf16_layers=(1, 1)).layer_kinds
+    ('layer.dense.bf16', 'layer.dense', 'layer.dense', 'layer.dense.bf16')
     """
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {attention!r}")
     b, s = micro_batch, seq_len
+    first, last = bf16_layers
     kinds = tuple(
-        "layer.moe" if model.moe is not None and model.moe.is_moe_layer(i) else "layer.dense"
+        ("layer.moe" if model.moe is not None and model.moe.is_moe_layer(i) else "layer.dense")
+        + (BF16_SUFFIX if i < first or i >= model.layers - last else "")
         for i in range(model.layers)
     )
     emb_f, emb_b = _embedding(model, b, s)
     blocks = [Block("embedding", 1, tuple(emb_f), tuple(emb_b))]
     for kind in ("layer.dense", "layer.moe"):
-        count = kinds.count(kind)
-        if count:
-            f, bw = _layer(model, b, s, attention, moe=kind == "layer.moe")
-            blocks.append(Block(kind, count, tuple(f), tuple(bw)))
+        in_fp8, in_bf16 = kinds.count(kind), kinds.count(kind + BF16_SUFFIX)
+        if not in_fp8 and not in_bf16:
+            continue
+        f, bw = _layer(model, b, s, attention, moe=kind == "layer.moe")
+        if in_fp8:
+            blocks.append(Block(kind, in_fp8, tuple(f), tuple(bw)))
+        if in_bf16:
+            pinned = (tuple(op.with_(fp8_layer=False) for op in ops) for ops in (f, bw))
+            blocks.append(Block(kind + BF16_SUFFIX, in_bf16, *pinned))
     head_f, head_b = _head(model, b, s)
     blocks.append(Block("head", 1, tuple(head_f), tuple(head_b)))
     params = sum(blk.params * blk.count for blk in blocks)

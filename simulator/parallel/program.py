@@ -212,7 +212,7 @@ def attention_output_copy_bytes(op: Op, layout: Layout) -> float:
     if op.kind != "attention":
         return 0.0
     cp_copy = layout.cp.size > 1 and layout.plan.cp_comm != "p2p"
-    if not cp_copy and layout.plan.precision != "fp8":
+    if not cp_copy and not (layout.plan.precision == "fp8" and op.fp8_layer):
         return 0.0
     # The split shard_op makes (which cannot be called here: shard_op calls local_act_bytes).
     heads = _ceil(op.heads, layout.tp.size)

@@ -36,6 +36,12 @@ embedding and output layer are built for the vocabulary padded up to a multiple 
 (``_vocab_size_with_padding``: Llama 3's 128,256 tokens become 129,024 at tp 8), which is what they hold and
 compute; 1 pads only to a multiple of tp, which the vocab-parallel layers need (frameworks that do not pad, such
 as Composer/llm-foundry without TP).
+``layers_at_start_in_bf16`` and ``layers_at_end_in_bf16`` (0 by default) keep that many decoder layers at the start
+and at the end of the model in BF16 when training in FP8, as Megatron-Core's ``--first-last-layers-bf16`` with
+``--num-layers-at-start-in-bf16`` / ``--num-layers-at-end-in-bf16`` (``is_first_last_bf16_layer`` in
+``megatron/core/fp8_utils.py``): their GEMMs run in 16 bits, with no FP8 casts, no cached FP8 weights and 16-bit saved
+inputs. Megatron-Bridge's FP8 current-scaling recipe sets 1 and 1 for training, while its performance scripts turn
+it off. They do nothing outside FP8.
 """
 
 from __future__ import annotations
@@ -81,6 +87,8 @@ _KNOB_READERS: dict[str, Any] = {
     "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
     "fp8_param": lambda f, key, default: f.boolean(key, default),
     "vocab_divisible_by": lambda f, key, default: f.integer(key, default, minimum=1),
+    "layers_at_start_in_bf16": lambda f, key, default: f.integer(key, default, minimum=0),
+    "layers_at_end_in_bf16": lambda f, key, default: f.integer(key, default, minimum=0),
     "grad_dtype": lambda f, key, default: f.choice(key, GRAD_DTYPES, default),
     "attention": lambda f, key, default: f.choice(key, ATTENTION, default),
     "cp_comm": lambda f, key, default: f.choice(key, CP_COMM, default),
@@ -137,6 +145,8 @@ class PlanSpec:
     grad_accum_fusion: bool = True
     fp8_param: bool = False  # FP8 GEMM weights kept in FP8 only (module docstring)
     vocab_divisible_by: int = 128  # the vocabulary is padded to a multiple of this times tp (module docstring)
+    layers_at_start_in_bf16: int = 0  # FP8 runs: first decoder layers kept in BF16 (module docstring)
+    layers_at_end_in_bf16: int = 0  # FP8 runs: last decoder layers kept in BF16
     precision: str = "bf16"
     grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
@@ -156,6 +166,7 @@ class PlanSpec:
         check_ranges(self, {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "global_batch": 1}, "use a positive degree")
         check_ranges(self, {"vp": 1, "micro_batch": 1, "seq_len": 1, "recompute_layers": 1, "expert_tp": 1})
         check_ranges(self, {"vocab_divisible_by": 1}, "use 1 for no padding")
+        check_ranges(self, {"layers_at_start_in_bf16": 0, "layers_at_end_in_bf16": 0}, "use 0 for all layers in FP8")
         check_ranges(self, {"expert_imbalance": 1.0, "straggler_factor": 1.0}, "1 means no slowdown")
         if not 0 <= self.zero_stage <= 3:
             raise SpecError("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage}", "pick a ZeRO stage")
@@ -185,6 +196,13 @@ class PlanSpec:
     def fp8_weights(self) -> bool:
         """Whether the FP8 GEMMs' weights are held in FP8 only (``fp8_param`` in an FP8 run)."""
         return self.fp8_param and self.precision == "fp8"
+
+    @property
+    def bf16_layers(self) -> tuple[int, int]:
+        """(first, last) decoder layers kept in BF16: the ``layers_at_*_in_bf16`` knobs in an FP8 run, else (0, 0)."""
+        if self.precision != "fp8":
+            return 0, 0
+        return self.layers_at_start_in_bf16, self.layers_at_end_in_bf16
 
     @staticmethod
     def derive_dp(gpus: int, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
@@ -258,6 +276,8 @@ class PlanSpec:
             "grad_accum_fusion": read_knob(g, "grad_accum_fusion", True),
             "fp8_param": read_knob(g, "fp8_param", False),
             "vocab_divisible_by": read_knob(g, "vocab_divisible_by", 128),
+            "layers_at_start_in_bf16": read_knob(g, "layers_at_start_in_bf16", 0),
+            "layers_at_end_in_bf16": read_knob(g, "layers_at_end_in_bf16", 0),
             "precision": g.choice("precision", PRECISIONS, "bf16"),
             "grad_dtype": read_knob(g, "grad_dtype", None),
             "attention": read_knob(g, "attention", "flash"),

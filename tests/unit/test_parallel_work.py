@@ -676,6 +676,35 @@ def test_fp8_param_needs_a_sharded_optimizer() -> None:
     assert _plan(precision="bf16", fp8_param=True).fp8_weights is False
 
 
+def test_first_and_last_layers_in_bf16_run_16_bit_gemms() -> None:
+    """layers_at_start_in_bf16 / layers_at_end_in_bf16 (Megatron-Core --first-last-layers-bf16): those decoder
+    layers form their own block whose GEMMs run in 16 bits, with no FP8 casts, no cached FP8 weights and 16-bit
+    saved inputs. Every layer in BF16 is the 16-bit run; outside FP8 the knobs change nothing."""
+    h100 = load_cluster("dgx-h100")
+    big = replace(DENSE, hidden=4096, heads=32, ffn_hidden=16384)  # large enough GEMMs for FP8 to pay off
+    fp8 = _plan(dp=2, zero_stage=1, global_batch=16, precision="fp8", micro_batch=4)
+    pinned = fp8.with_(layers_at_start_in_bf16=1, layers_at_end_in_bf16=1)
+    graph = build_graph(big, big.seq_len, 1, bf16_layers=pinned.bf16_layers)
+    assert graph.layer_kinds == ("layer.dense.bf16", "layer.dense", "layer.dense", "layer.dense.bf16")
+    assert graph.params() == build_graph(big, big.seq_len, 1).params()
+    assert not any(op.fp8_capable for op in graph.block("layer.dense.bf16").forward)
+    assert any(op.fp8_capable for op in graph.block("layer.dense").forward)
+    all_fp8, two, bf16 = (_sim(big, p, h100) for p in (fp8, pinned, fp8.with_(precision="bf16")))
+    assert all_fp8.step_time_s < two.step_time_s < bf16.step_time_s
+    # Two of four layers hold no FP8 weight cache (2 bytes per FP8 GEMM parameter) and keep 16-bit GEMM inputs.
+    cache = 2.0 * _fp8_gemm_params(big, fp8, h100)
+    assert two.memory[0].weights == pytest.approx(all_fp8.memory[0].weights - cache / 2)
+    assert two.memory[0].activations > all_fp8.memory[0].activations
+    every = fp8.with_(layers_at_start_in_bf16=2, layers_at_end_in_bf16=2)
+    assert _sim(big, every, h100).step_time_s == pytest.approx(bf16.step_time_s, rel=1e-12)
+    assert _sim(big, every, h100).memory == bf16.memory
+    assert "gemm:fp8" not in _sim(big, every, h100).uncalibrated_ops
+    assert bf16.plan.bf16_layers == (0, 0)
+    assert _sim(big, pinned.with_(precision="bf16"), h100).step_time_s == bf16.step_time_s
+    with pytest.raises(SpecError, match="layers_at_end_in_bf16"):
+        _plan(layers_at_end_in_bf16=-1)
+
+
 def test_vocabulary_is_padded_as_megatron_builds_it() -> None:
     """Megatron-LM pads the vocabulary to a multiple of make-vocab-size-divisible-by (128) times tp and builds the
     embedding and output layer for it; vocab_divisible_by 1 pads only to a multiple of tp."""

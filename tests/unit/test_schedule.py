@@ -54,6 +54,9 @@ def test_interleaved_memory_peak_is_the_largest_weighted_mix(p: int, m: int, v: 
         peaks = in_flight(order, v)
         every = _live_mixes(order, v)
         assert set(peaks) <= set(every)
+        # Only the mixes no other one matches or exceeds in every chunk are kept.
+        for a in peaks:
+            assert not any(b != a and all(x <= y for x, y in zip(a, b, strict=True)) for b in peaks)
         for w in weights:
             assert max(sum(a * b for a, b in zip(w, mix, strict=True)) for mix in peaks) == pytest.approx(
                 max(sum(a * b for a, b in zip(w, mix, strict=True)) for mix in every)

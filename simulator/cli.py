@@ -497,9 +497,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     report = validate_file(args.file, strict=args.strict, stacks_file=args.stacks, use_stacks=not args.no_stacks)
     text = format_report(report, args.format)
-    print(text)
     if args.out is not None:
+        # Written before the report is printed, so that a reader that stops early (``| head``) still gets the file.
         _write_output(args.out, report.rows_frame().to_csv(index=False, float_format="%.6g"), "--out")
+    print(text)
     invalid = report.summary.get("invalid", 0)
     if invalid:
         # Every row was still reported; a file with unreadable rows is bad input all the same.

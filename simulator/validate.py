@@ -510,9 +510,14 @@ def validate_file(
         raise SpecError(str(path), "is empty", "give a CSV with a header row") from None
     if frame.empty:
         raise SpecError(str(path), "has a header but no rows", "add one measured run per line below the header")
-    # Hand-edited headers ("run_id , model") name the same columns.
-    frame.columns = [str(c).strip() for c in frame.columns]
-    frame = frame.replace("", np.nan)
+    # Hand-edited headers ("run_id , model", "Run_ID") name the same columns.
+    names = [str(c).strip().lower() for c in frame.columns]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SpecError(str(path), f"names column(s) {', '.join(twice)} more than once", "keep one of each")
+    frame.columns = names
+    # ... and hand-edited cells ("dgx-h100 ") the same values.
+    frame = frame.apply(lambda column: column.str.strip()).replace("", np.nan)
     stacks: tuple[Stack, ...] = ()
     if use_stacks:
         chosen = stacks_file or default_stacks_file(path)

@@ -207,6 +207,11 @@ BAD_CSVS = {
     "all-rows-long": (lambda rows: [rows[0]] + [r + ",x" for r in rows[1:]], ["line 2 has 36 fields, the header 35"]),
     "one-row-long": (lambda rows: [*rows[:2], rows[2] + ",x"], ["Expected 35 fields in line 3, saw 36", "quote"]),
     "header-only": (lambda rows: rows[:1], ["has a header but no rows", "below the header"]),
+    # Column names are read without regard to case, so these two would be one.
+    "name-twice": (
+        lambda rows: [rows[0] + ",Model"] + [r + ",x" for r in rows[1:]],
+        ["names column(s) model more than once", "keep one"],
+    ),
 }
 
 
@@ -221,13 +226,16 @@ def test_validate_names_what_is_wrong_with_the_csv_itself(
     _check_message(capsys.readouterr().err, ["runs.csv", *fragments])
 
 
-@pytest.mark.parametrize("variant", ["semicolons", "tabs", "spaced-header", "bom-crlf"])
+@pytest.mark.parametrize("variant", ["semicolons", "tabs", "spaced-header", "bom-crlf", "capitals-spaced-cells"])
 def test_validate_reads_spreadsheet_exports_of_the_same_columns(
     variant: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Semicolon- or tab-separated files (spreadsheets in many locales), a header with spaces around the names,
-    and a byte-order mark with CRLF line ends give the same predictions as the comma file."""
+    a byte-order mark with CRLF line ends, and capitalised names with spaces around every cell give the same
+    predictions as the comma file."""
     rows = list(csv.reader(io.StringIO("\n".join(_first_runs()))))
+    if variant == "capitals-spaced-cells":
+        rows = [[c.upper() for c in rows[0]]] + [[f" {c} " if c else c for c in row] for row in rows[1:]]
     out = io.StringIO()
     sep = {"semicolons": ";", "tabs": "\t"}.get(variant, ",")
     writer = csv.writer(out, delimiter=sep, lineterminator="\r\n" if variant == "bom-crlf" else "\n")

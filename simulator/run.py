@@ -29,10 +29,10 @@ from simulator.parallel.program import (
     Comm,
     Program,
     build_programs,
-    chunk_fp8_params,
     chunk_params,
     expert_load,
     param_all_gathers,
+    stage_params,
 )
 from simulator.parallel.schedule import Task, generate, schedule_with_in_flight
 from simulator.parallel.stages import Chunk, partition
@@ -627,9 +627,8 @@ def _pipeline_input(
         if zero in (1, 2):
             # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
             # (FP8 layers' weights in 1 byte with fp8_param.)
-            fp8 = [chunk_fp8_params(graph, layout, chunk) for chunk in stage_chunks]
-            fp8_split = (sum(d for d, _ in fp8), sum(e for _, e in fp8))
-            gathers = param_all_gathers(local_dense, local_expert, layout, "step", fp8_split)
+            _, _, fp8_dense, fp8_expert = stage_params(graph, layout, stage_chunks)
+            gathers = param_all_gathers(local_dense, local_expert, layout, "step", (fp8_dense, fp8_expert))
             param_gather_s = sum(comm.time(c) for c in gathers)
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):

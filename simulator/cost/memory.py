@@ -29,13 +29,7 @@ from dataclasses import dataclass
 
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
-from simulator.parallel.program import (
-    attention_output_copy_bytes,
-    chunk_fp8_params,
-    chunk_params,
-    local_act_bytes,
-    local_params,
-)
+from simulator.parallel.program import attention_output_copy_bytes, local_act_bytes, local_params, stage_params
 from simulator.parallel.schedule import Task, in_flight
 from simulator.parallel.stages import Chunk
 from simulator.units import GIB, fmt_bytes
@@ -165,14 +159,7 @@ def stage_memory(
     """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``; ``live`` is
     ``in_flight(order, vp)`` when the caller has it already."""
     plan = layout.plan
-    dense = expert = fp8_dense = fp8_expert = 0.0
-    for chunk in chunks:
-        d, e = chunk_params(graph, layout, chunk)
-        dense += d
-        expert += e
-        d, e = chunk_fp8_params(graph, layout, chunk)
-        fp8_dense += d
-        fp8_expert += e
+    dense, expert, fp8_dense, fp8_expert = stage_params(graph, layout, chunks)
     dp, edp = layout.dp.size, layout.edp.size
     zero = plan.zero_stage
 

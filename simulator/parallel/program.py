@@ -49,7 +49,6 @@ __all__ = [
     "Step",
     "attention_output_copy_bytes",
     "build_programs",
-    "chunk_fp8_params",
     "chunk_params",
     "expert_load",
     "fp8_gemm",
@@ -57,6 +56,7 @@ __all__ = [
     "local_params",
     "param_all_gathers",
     "shard_op",
+    "stage_params",
 ]
 
 ACT_BYTES = 2  # 16-bit activations and activation gradients on the wire
@@ -245,17 +245,22 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
     return dense, expert
 
 
-def chunk_fp8_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float, float]:
-    """(dense, expert) parameters of ``chunk``'s FP8 GEMMs one rank holds (:attr:`Op.fp8_capable`): the weights
+def stage_params(graph: ModelGraph, layout: Layout, chunks: tuple[Chunk, ...]) -> tuple[float, float, float, float]:
+    """(dense, expert, FP8 dense, FP8 expert) parameters one rank holds for a stage's ``chunks``: all of them
+    (:func:`chunk_params`), and those of the FP8 GEMMs among them (:attr:`Op.fp8_capable`), the weights
     Transformer Engine keeps a quantized copy of when the model trains in FP8 (0 when it does not)."""
-    if layout.plan.precision != "fp8":
-        return 0.0, 0.0
-    dense = expert = 0.0
-    for name, count in chunk.blocks:
-        _, _, block_dense, block_expert = _block_params(graph, layout, name)
-        dense += block_dense * count
-        expert += block_expert * count
-    return dense, expert
+    dense = expert = fp8_dense = fp8_expert = 0.0
+    in_fp8 = layout.plan.precision == "fp8"
+    for chunk in chunks:
+        d, e = chunk_params(graph, layout, chunk)
+        dense += d
+        expert += e
+        if in_fp8:
+            for name, count in chunk.blocks:
+                _, _, block_dense, block_expert = _block_params(graph, layout, name)
+                fp8_dense += block_dense * count
+                fp8_expert += block_expert * count
+    return dense, expert, fp8_dense, fp8_expert
 
 
 # (dense, expert, FP8 dense, FP8 expert) parameters one rank holds of one block, by (model, block, tp, ep,

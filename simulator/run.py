@@ -623,13 +623,15 @@ def _pipeline_input(
         opt_params = local_dense / layout.dp.size + local_expert / layout.edp.size if zero >= 1 else local_params
         opt_op = graph.optimizer_step(plan.precision, grad_b, opt_params, opt_params if zero >= 2 else local_params)
         optimizer_s = compute.time(opt_op)
-        param_gather_s = 0.0
+        param_gather_s = prefetch_s = 0.0
         if zero in (1, 2):
             # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
             # (FP8 layers' weights in 1 byte with fp8_param.)
             _, _, fp8_dense, fp8_expert = stage_params(graph, layout, stage_chunks)
             gathers = param_all_gathers(local_dense, local_expert, layout, "step", (fp8_dense, fp8_expert))
             param_gather_s = sum(comm.time(c) for c in gathers)
+            if layout.grad_overlap:
+                prefetch_s = _first_param_bucket_s(graph, layout, comm, stage_chunks[0], bucket_params)
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size
@@ -645,6 +647,7 @@ def _pipeline_input(
                 dp_tail_s=tail,
                 optimizer_s=optimizer_s,
                 param_gather_s=param_gather_s,
+                param_prefetch_s=prefetch_s,
                 dp_network=layout.dp.crosses_network or layout.edp.crosses_network,
                 cp_network=layout.cp.crosses_network,
             )
@@ -705,11 +708,34 @@ def _grad_buckets(
     for params, group in ((dense, layout.dp), (expert, layout.edp)):
         if params <= 0 or group.size <= 1:
             continue
-        n = min(max(1, math.ceil(params / bucket_params)), GRAD_BUCKETS_MAX)
+        n = _bucket_count(params, bucket_params)
         size = grad_b * params / n
         t = comm.time(Comm("grad_bucket", collective, group, size, "dp"))
         out += [t] * n
     return tuple(out)
+
+
+def _bucket_count(params: float, bucket_params: int) -> int:
+    """How many buckets Megatron-LM's DDP splits ``params`` parameters of one buffer into."""
+    return min(max(1, math.ceil(params / bucket_params)), GRAD_BUCKETS_MAX)
+
+
+def _first_param_bucket_s(
+    graph: ModelGraph, layout: Layout, comm: CommModel, first: Chunk, bucket_params: int
+) -> float:
+    """Seconds to all-gather the first parameter bucket of a stage's first chunk under ZeRO-1/2, the part of an
+    overlapped gather its first forward waits for. Megatron-Core gathers the updated parameters bucket by bucket,
+    the same buckets the gradients were reduced in, each waited for in the forward pre-hook of the first layer
+    that uses it while the next one is dispatched (``overlap_param_gather``; ``distributed_data_parallel.py``,
+    ``param_and_grad_buffer.py``): the first bucket has nothing to hide behind. The dense and expert buffers are
+    bucketed, and gathered, separately."""
+    dense, expert, fp8_dense, fp8_expert = stage_params(graph, layout, (first,))
+    n_dense = _bucket_count(dense, bucket_params)
+    n_expert = _bucket_count(expert, bucket_params)
+    gathers = param_all_gathers(
+        dense / n_dense, expert / n_expert, layout, "step.first_bucket", (fp8_dense / n_dense, fp8_expert / n_expert)
+    )
+    return sum(comm.time(c) for c in gathers)
 
 
 def _infeasible_result(

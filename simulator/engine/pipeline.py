@@ -11,8 +11,9 @@ One representative rank per pipeline stage (Design: What is simulated). Each sta
   piece per bucket), so reduction overlaps the rest of the backward, and compute that runs while a bucket
   is being reduced is slowed by the overlap slowdown for that long; without it, reduction starts when the
   stage's last backward ends. Then the optimizer step runs and, under a sharded optimizer, the updated
-  parameters are all-gathered (hidden behind the next step's forward when ``grad_overlap`` is on, as
-  Megatron-LM's ``overlap_param_gather`` does).
+  parameters are all-gathered. With ``grad_overlap`` on, that gather is hidden behind the next step's
+  forward, as Megatron-LM's ``overlap_param_gather`` does, except its first bucket: the stage's first
+  forward waits for it, which the pipeline fill hides on every stage but the first.
 
 Processes are one per (stage, stream), which the simpy documentation and our measurements show is
 several times faster than one process per task. The DP stream needs no process of its own: it runs the
@@ -46,7 +47,10 @@ class StageInput:
     ``fwd[c]``, ``bwd[c]``, ``wgt[c]`` are the folded programs of chunk c; ``dp_buckets[c]`` the gradient
     reduction times of chunk c's buckets; ``dp_tail_s`` collectives after all buckets (e.g. the tied
     embedding's gradient all-reduce between first and last stage); ``param_gather_s`` the all-gather of
-    updated parameters under a sharded optimizer. ``dp_network`` and ``cp_network`` say whether the
+    updated parameters under a sharded optimizer, blocking after the optimizer step without ``grad_overlap``;
+    ``param_prefetch_s`` its first bucket, which the first forward of the (next) step waits for when the
+    rest is overlapped (Megatron-Core dispatches it at the start of the step and waits for it in the
+    forward pre-hook of the first layer). ``dp_network`` and ``cp_network`` say whether the
     gradient reduction and the context-parallel ring leave the NVLink domain, i.e. share the stage's NICs
     with each other and with pipeline transfers that do too.
     """
@@ -61,6 +65,7 @@ class StageInput:
     param_gather_s: float
     dp_network: bool = False
     cp_network: bool = False
+    param_prefetch_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +283,9 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             if record and duration > 0:
                 rows.append((s, "dp", f"grad_bucket{reduced}", begin, dp_free[s]))
 
+        # The first bucket of the overlapped parameter gather starts with the step; the first task waits for it
+        # (after its own input, which the pipeline fill makes the longer wait on every stage but the first).
+        prefetch = st.param_prefetch_s if inp.grad_overlap else 0.0
         for t in st.order:
             if t.kind != "F":
                 # Same-stage dependency: a backward needs its forward, a weight gradient its backward.
@@ -288,6 +296,13 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 ev = arrive[(s, t.kind, t.mb, t.chunk)]
                 if not ev.triggered:
                     yield from _wait(env, a, ev, sent_at, id(ev))
+            if prefetch > 0:
+                if env.now < prefetch:
+                    a.dp += prefetch - env.now
+                    yield env.timeout(prefetch - env.now)
+                if record:
+                    rows.append((s, "dp", "param_all_gather.first_bucket", 0.0, prefetch))
+                prefetch = 0.0
             res = st.fwd[t.chunk] if t.kind == "F" else st.bwd[t.chunk] if t.kind == "B" else st.wgt[t.chunk]
             start = env.now
             if cp_on_network[s] and res.duration_s > 0:
@@ -394,7 +409,7 @@ def _critical_path(inp: PipelineInput) -> float:
     a lower bound on the step that ignores that a stream runs one task at a time."""
     p = len(inp.stages)
     v = inp.vp
-    t = 0.0
+    t = inp.stages[0].param_prefetch_s if inp.grad_overlap and p else 0.0
     for vs in range(p * v):
         chunk, s = divmod(vs, p)
         t += inp.stages[s].fwd[chunk].duration_s
@@ -413,9 +428,10 @@ def lower_bound(inp: PipelineInput) -> float:
     """A cheap lower bound on ``simulate_pipeline(inp).step_time_s``, without running the engine.
 
     Per stage: its compute stream cannot start before the first micro-batch's forward has crossed every
-    earlier stage (the fill), then runs each of its tasks for at least its nominal length (overlap and NIC
-    sharing only add), and ends with what must follow the last task (the last gradient bucket, or all of
-    them without ``grad_overlap``, the tail collectives, the optimizer, a blocking parameter all-gather).
+    earlier stage (the fill) nor before the first bucket of an overlapped parameter gather arrived, then runs
+    each of its tasks for at least its nominal length (overlap and NIC sharing only add), and ends with what
+    must follow the last task (the last gradient bucket, or all of them without ``grad_overlap``, the tail
+    collectives, the optimizer, a blocking parameter all-gather).
     When the stage's last task is a first-chunk backward, its gradient still has to cross every earlier
     stage before stage 0 can finish (the drain). For p uniform stages under 1F1B with free communication
     this is exactly (m + p − 1)·(F + B), the simulated step. Used by the free-knob search to skip plans that
@@ -436,10 +452,11 @@ def lower_bound(inp: PipelineInput) -> float:
             after += sum(sum(b) for b in st.dp_buckets) + st.param_gather_s
         elif last is not None and last.kind == _final_backward_kind(st.order) and st.dp_buckets[last.chunk]:
             after += st.dp_buckets[last.chunk][-1]  # released by the last task, reduced after it
-        bound = max(bound, fill + busy + after)
+        first = max(fill, st.param_prefetch_s if inp.grad_overlap else 0.0)  # earliest start of the first task
+        bound = max(bound, first + busy + after)
         if s > 0 and last is not None and last.kind == "B" and last.chunk == 0:
-            bound = max(bound, fill + busy + drain + inp.stages[0].optimizer_s)
+            bound = max(bound, first + busy + drain + inp.stages[0].optimizer_s)
         if s < p - 1:
-            fill += st.fwd[0].duration_s + inp.send_fwd_s[s]
+            fill = first + st.fwd[0].duration_s + inp.send_fwd_s[s]
             drain += st.bwd[0].duration_s + inp.send_bwd_s[s]
     return bound

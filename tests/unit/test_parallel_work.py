@@ -7,11 +7,13 @@ chunk of layers); end-to-end effects through :func:`simulator.run.simulate`.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import replace
 
 import pytest
 
+from simulator.cost.communication import CommModel
 from simulator.cost.compute import ComputeModel
 from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.graph.ops import Op
@@ -399,6 +401,28 @@ def test_zero3_adds_exposed_data_parallel_time() -> None:
     z3 = _sim(DENSE, _plan(dp=16, global_batch=16, zero_stage=3))
     assert z3.step_time_s > z1.step_time_s
     assert z3.memory[0].weights == pytest.approx(z1.memory[0].weights / 16)
+
+
+def test_overlapped_zero1_gather_exposes_its_first_bucket() -> None:
+    """ZeRO-1 with grad_overlap (Megatron-Core's overlap_param_gather): the updated parameters are gathered behind the
+    next step's forward, but its first layer waits for the first bucket (Megatron's DDP buckets: 40M parameters at
+    this dp, the model split evenly into as many): stage 0's DP stream gathers it at the start of the step."""
+    plan = _plan(dp=16, global_batch=16, zero_stage=1)
+    r = simulate(DENSE, CLUSTER, plan, record=True)
+    (row,) = [row for row in r.timeline if row[2] == "param_all_gather.first_bucket"]
+    layout = resolve_layout(DENSE, CLUSTER, plan.with_(seq_len=DENSE.seq_len))
+    params = build_graph(DENSE, DENSE.seq_len, 1).params()
+    buckets = math.ceil(params / 40e6)
+    assert buckets == 2
+    gather = CommModel(CLUSTER, None, load_calibration("default"), plan.straggler_factor).time(
+        Comm("g", "all_gather", layout.dp, 2.0 * params / buckets, "dp")
+    )
+    assert row[:2] == (0, "dp")
+    assert row[3:] == (0.0, pytest.approx(gather))
+    # Without ZeRO nothing is gathered; without grad_overlap the whole gather blocks after the optimizer step.
+    assert not [row for row in _sim(DENSE, plan.with_(zero_stage=0)).timeline if "param_all_gather" in row[2]]
+    blocking = simulate(DENSE, CLUSTER, plan.with_(grad_overlap=False), record=True)
+    assert [row[2] for row in blocking.timeline if "param_all_gather" in row[2]] == ["param_all_gather"]
 
 
 def test_full_recompute_adds_one_forward_of_hardware_flops() -> None:

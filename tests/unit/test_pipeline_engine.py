@@ -119,6 +119,28 @@ def test_gradient_overlap_hides_reduction() -> None:
     assert fast < slow
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
+def test_first_parameter_bucket_waits_on_stage_zero_only(schedule: str) -> None:
+    """An overlapped ZeRO-1/2 parameter gather leaves its first bucket exposed before the first forward (Megatron-Core's
+    forward pre-hook waits for it). On stage 0 that is the whole bucket; the later stages wait for their first input
+    anyway (fill = 1 per stage here), so a bucket shorter than the fill costs them nothing, and the step grows by it."""
+    v = 2 if schedule == "interleaved" else 1
+    base = _pipe(schedule, 4, 8, v, buckets=(0.5,), overlap=True)
+    gathered = replace(base, stages=tuple(replace(st, param_prefetch_s=0.3) for st in base.stages))
+    without = simulate_pipeline(base)
+    r = simulate_pipeline(gathered)
+    assert r.step_time_s == pytest.approx(without.step_time_s + 0.3)
+    assert r.stages[0].dp_s == pytest.approx(without.stages[0].dp_s + 0.3)
+    assert [st.dp_s for st in r.stages[1:]] == pytest.approx([st.dp_s for st in without.stages[1:]])
+    assert lower_bound(gathered) <= r.step_time_s + 1e-12
+    assert lower_bound(gathered) == pytest.approx(lower_bound(base) + 0.3)
+    # Without grad_overlap the gather blocks after the optimizer step instead (param_gather_s); no first-bucket wait.
+    blocking = replace(gathered, grad_overlap=False)
+    assert simulate_pipeline(blocking).step_time_s == pytest.approx(
+        simulate_pipeline(replace(base, grad_overlap=False)).step_time_s
+    )
+
+
 def test_step_is_never_shorter_than_the_critical_path() -> None:
     """Issue 3 (post-run checks): step >= dependency critical path."""
     r = simulate_pipeline(_pipe("interleaved", 4, 8, 2, send=0.05))
@@ -267,7 +289,8 @@ def test_lower_bound_is_the_step_for_uniform_one_f_one_b(p: int, m: int, send: f
 
 @hst.composite
 def _uneven_pipes(draw: hst.DrawFn) -> PipelineInput:
-    """Stages of different lengths, any schedule, transfers, buckets, tails, optimizer and overlap slowdown."""
+    """Stages of different lengths, any schedule, transfers, buckets, tails, optimizer, parameter gathers and overlap
+    slowdown."""
     schedule = draw(hst.sampled_from(["gpipe", "1f1b", "interleaved", "zb_h1"]))
     p = draw(hst.sampled_from([1, 2, 3, 4]))
     v = draw(hst.sampled_from([2, 3])) if schedule == "interleaved" else 1
@@ -289,6 +312,7 @@ def _uneven_pipes(draw: hst.DrawFn) -> PipelineInput:
                 optimizer_s=draw(durations),
                 param_gather_s=draw(durations),
                 dp_network=draw(hst.booleans()),
+                param_prefetch_s=draw(durations),
             )
         )
     sends = tuple(draw(hst.floats(0.0, 1.0)) for _ in range(p))

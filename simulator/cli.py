@@ -114,36 +114,6 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-_PLAN_KEYS = (
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "ep",
-    "expert_tp",
-    "vp",
-    "schedule",
-    "micro_batch",
-    "global_batch",
-    "seq_len",
-    "recompute",
-    "recompute_layers",
-    "zero_stage",
-    "precision",
-    "grad_dtype",
-    "attention",
-    "cp_comm",
-    "sequence_parallel",
-    "grad_overlap",
-    "tp_overlap",
-    "grad_accum_fusion",
-    "fp8_param",
-    "vocab_divisible_by",
-    "layers_at_start_in_bf16",
-    "layers_at_end_in_bf16",
-)
-
-
 def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
     from simulator.specs._yaml import load_yaml_file
     from simulator.specs.plan import PlanSpec
@@ -156,7 +126,9 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
             raise SpecError(str(args.plan), "must be a mapping of plan keys", "write 'tp: 8' lines")
         data.update(raw)
         where = f"{args.plan} + command line"
-    for key in _PLAN_KEYS:
+    # Every plan field has its flag (--tp, --zero-stage...) but the what-if factors expert_imbalance and
+    # straggler_factor, set with --set plan.KEY=VALUE.
+    for key in PlanSpec.field_names():
         value = getattr(args, key, None)
         if value is not None:
             data[key] = value

@@ -46,7 +46,8 @@ it off. They do nothing outside FP8.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import dataclasses
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from simulator.errors import SpecError
@@ -97,6 +98,24 @@ _KNOB_READERS: dict[str, Any] = {
 
 TRAINING_KNOBS = tuple(_KNOB_READERS)  # the knobs read_knob reads
 
+# The other fields of a plan file: its layout, batch, sequence and what-if factors.
+_LAYOUT_READERS: dict[str, Any] = {
+    "tp": lambda f, key, default: f.integer(key, default, minimum=1),
+    "pp": lambda f, key, default: f.integer(key, default, minimum=1),
+    "dp": lambda f, key, default: f.integer(key, default, minimum=1),
+    "cp": lambda f, key, default: f.integer(key, default, minimum=1),
+    "ep": lambda f, key, default: f.integer(key, default, minimum=1),
+    "expert_tp": lambda f, key, default: f.integer(key, default, minimum=1),
+    "schedule": lambda f, key, default: f.choice(key, SCHEDULES, default),
+    "global_batch": lambda f, key, default: f.integer(key, default, minimum=1),
+    "seq_len": lambda f, key, default: f.integer(key, default, minimum=1),
+    "recompute": lambda f, key, default: f.choice(key, RECOMPUTE, default),
+    "recompute_layers": lambda f, key, default: f.integer(key, default, minimum=1),
+    "precision": lambda f, key, default: f.choice(key, PRECISIONS, default),
+    "expert_imbalance": lambda f, key, default: f.number(key, default, minimum=1.0),
+    "straggler_factor": lambda f, key, default: f.number(key, default, minimum=1.0),
+}
+
 
 def read_knob(fields: Fields, key: str, default: Any = MISSING) -> Any:
     """One training knob (``vp``, ``micro_batch``, ``zero_stage``, ``attention``...), checked as in a plan file."""
@@ -128,6 +147,10 @@ class PlanSpec:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    # Tensor parallelism inside the experts (Megatron-Core's --expert-tensor-parallel-size): None is Megatron's
+    # default, tp, unless ep does not divide dp·cp; then 1, MoE parallel folding (experts spread over the
+    # tp·dp·cp ranks of a stage, Liu et al. 2025, arXiv:2504.14960). 1 or tp.
+    expert_tp: int | None = None
     vp: int | None = None
     schedule: str | None = None
     micro_batch: int | None = None
@@ -151,10 +174,6 @@ class PlanSpec:
     grad_dtype: str | None = None  # None: Megatron-LM's default for the precision (see grad_bytes)
     attention: str = "flash"
     cp_comm: str = "p2p"  # how context parallelism moves KV: p2p ring, all_gather or a2a (module docstring)
-    # Tensor parallelism inside the experts (Megatron-Core's --expert-tensor-parallel-size): None is Megatron's
-    # default, tp, unless ep does not divide dp·cp; then 1, MoE parallel folding (experts spread over the
-    # tp·dp·cp ranks of a stage, Liu et al. 2025, arXiv:2504.14960). 1 or tp.
-    expert_tp: int | None = None
     expert_imbalance: float = 1.0
     straggler_factor: float = 1.0
 
@@ -246,6 +265,15 @@ class PlanSpec:
         """Knobs left for the engine to choose."""
         return tuple(k for k in FREE_KNOBS if getattr(self, k) is None)
 
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The plan's keys, in declaration order."""
+        return tuple(field.name for field in fields(cls))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by name, in declaration order (what results and sweeps report)."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
+
     def with_(self, **changes: Any) -> PlanSpec:
         """A copy with some fields changed (``dataclasses.replace``)."""
         return replace(self, **changes)
@@ -256,36 +284,14 @@ class PlanSpec:
         f = Fields(data, where)
         raw = {k: v for k, v in f.data.items() if not (isinstance(v, str) and v.strip().lower() in _AUTO)}
         g = Fields(raw, where)
-        kwargs: dict[str, Any] = {
-            "tp": g.integer("tp", 1, minimum=1),
-            "pp": g.integer("pp", 1, minimum=1),
-            "dp": g.integer("dp", None, minimum=1),
-            "cp": g.integer("cp", 1, minimum=1),
-            "ep": g.integer("ep", 1, minimum=1),
-            "vp": read_knob(g, "vp", None),
-            "schedule": g.choice("schedule", SCHEDULES, None),
-            "micro_batch": read_knob(g, "micro_batch", None),
-            "global_batch": g.integer("global_batch", minimum=1),
-            "seq_len": g.integer("seq_len", None, minimum=1),
-            "sequence_parallel": read_knob(g, "sequence_parallel", None),
-            "recompute": g.choice("recompute", RECOMPUTE, None),
-            "recompute_layers": g.integer("recompute_layers", None, minimum=1),
-            "zero_stage": read_knob(g, "zero_stage", 0),
-            "grad_overlap": read_knob(g, "grad_overlap", None),
-            "tp_overlap": read_knob(g, "tp_overlap", None),
-            "grad_accum_fusion": read_knob(g, "grad_accum_fusion", True),
-            "fp8_param": read_knob(g, "fp8_param", False),
-            "vocab_divisible_by": read_knob(g, "vocab_divisible_by", 128),
-            "layers_at_start_in_bf16": read_knob(g, "layers_at_start_in_bf16", 0),
-            "layers_at_end_in_bf16": read_knob(g, "layers_at_end_in_bf16", 0),
-            "precision": g.choice("precision", PRECISIONS, "bf16"),
-            "grad_dtype": read_knob(g, "grad_dtype", None),
-            "attention": read_knob(g, "attention", "flash"),
-            "cp_comm": read_knob(g, "cp_comm", "p2p"),
-            "expert_tp": g.integer("expert_tp", None, minimum=1),
-            "expert_imbalance": g.number("expert_imbalance", 1.0, minimum=1.0),
-            "straggler_factor": g.number("straggler_factor", 1.0, minimum=1.0),
-        }
+        kwargs: dict[str, Any] = {}
+        for field in fields(cls):
+            reader = _KNOB_READERS.get(field.name) or _LAYOUT_READERS[field.name]
+            # The dataclass's defaults, but dp: left out, it is derived from the GPU count below.
+            default = None if field.name == "dp" else field.default
+            if default is dataclasses.MISSING:
+                default = MISSING  # required: global_batch
+            kwargs[field.name] = reader(g, field.name, default)
         if gpus is not None and "gpus" not in raw and gpus < 1:
             # A count from the caller (--gpus) gets the same range check as one written in the file.
             raise SpecError(f"{where}: gpus", f"must be >= 1, got {gpus}", "use a positive GPU count")

@@ -85,6 +85,23 @@ def test_simulate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
         assert key in data["breakdown"]
 
 
+def test_every_plan_key_has_a_flag_and_comes_back_in_the_json(capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan key is declared once, on PlanSpec: simulate has a flag for each (but the what-if factors, set with
+    --set plan.KEY=VALUE), and the JSON's plan section gives every key back, so the plan can be run again."""
+    from simulator.cli import _build_parser
+    from simulator.specs.plan import PlanSpec
+
+    args = _build_parser().parse_args(["simulate", "--model", "m", "--cluster", "c", "--global-batch", "1"])
+    factors = {"expert_imbalance", "straggler_factor"}
+    assert [k for k in PlanSpec.field_names() if not hasattr(args, k)] == sorted(factors)
+    code, out, _ = run([*SIM, "--format", "json", "--set", "plan.straggler_factor=1.1"], capsys)
+    assert code == 0
+    plan = json.loads(out)["plan"]
+    assert list(plan) == list(PlanSpec.field_names())
+    assert plan["straggler_factor"] == 1.1
+    assert PlanSpec(**plan).as_dict() == plan
+
+
 def test_free_knobs_are_chosen_and_reported(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 3 (free knobs): the four free knobs appear under chosen in the CLI output."""
     argv = [

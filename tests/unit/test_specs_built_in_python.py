@@ -102,3 +102,16 @@ def test_a_model_or_cluster_built_in_python_is_checked_like_a_file(
         replace(base, **changes)
     assert info.value.where == where
     assert what in info.value.what
+
+
+def test_a_plan_file_reads_every_field_with_the_dataclass_default() -> None:
+    """A plan file and PlanSpec agree: every field is read (there is one reader per field), and a key left out
+    gets the dataclass's own default (dp aside: it is derived from the GPU count)."""
+    from simulator.specs.plan import _KNOB_READERS, _LAYOUT_READERS
+
+    assert sorted({*_KNOB_READERS, *_LAYOUT_READERS}) == sorted(PlanSpec.field_names())
+    assert not set(_KNOB_READERS) & set(_LAYOUT_READERS)
+    read = PlanSpec.from_mapping({"global_batch": 8}, "plan.yaml", gpus=8)
+    assert read == PlanSpec(global_batch=8, dp=8)
+    full = PlanSpec(global_batch=8, dp=8, tp=2, fp8_param=True, zero_stage=1, precision="fp8", straggler_factor=1.2)
+    assert PlanSpec.from_mapping(full.as_dict(), "plan.yaml") == full

@@ -85,6 +85,13 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         "--no-grad-accum-fusion adds one gradient add per micro-batch, as 2021 Megatron-LM and DeepSpeed did",
     )
     g.add_argument(
+        "--grad-accum-upcast-copy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --no-grad-accum-fusion: the gradient add first casts the 16-bit gradient to a copy in the "
+        "buffer's dtype, a kernel of its own (DeepSpeed's BF16 optimizer)",
+    )
+    g.add_argument(
         "--fp8-param",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -16,8 +16,8 @@ Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
   keep everything, Megatron-LM's block method); selective recomputation drops what the attention core alone keeps;
 * buffers: transient tensors that live outside the saved activations (the 16-bit logits before the fp32
   cross-entropy on the last stage; under ZeRO-3 the gathered parameters of the current and the
-  prefetched layer) and a fixed per-process reserve for the CUDA context, library workspaces and NCCL
-  buffers (:data:`RESERVED_BYTES`).
+  prefetched layer; with ``grad_accum_upcast_copy`` the cast copy of the largest operator's gradient) and a
+  fixed per-process reserve for the CUDA context, library workspaces and NCCL buffers (:data:`RESERVED_BYTES`).
 
 Parameters of experts are counted once per expert-parallel rank; ZeRO divides them over the
 expert-data-parallel group instead of the whole data-parallel group.
@@ -196,6 +196,13 @@ def stage_memory(
             for name, _ in chunk.blocks:
                 largest = max(largest, sum(local_params(op, layout) for op in graph.block(name).forward))
         buffers += 2 * 2.0 * largest  # current and prefetched layer, gathered in 16-bit
+    if plan.grad_accum_upcast_copy and not plan.grad_accum_fusion and plan.grad_bytes > 2 and zero < 3:
+        # The separate accumulation's cast copy of one parameter's gradient at a time (PlanSpec docstring): the
+        # largest operator's parameters, a bound on its largest tensor (an embedding operator holds two).
+        tensor = max(
+            local_params(op, layout) for c in chunks for name, _ in c.blocks for op in graph.block(name).forward
+        )
+        buffers += plan.grad_bytes * tensor
     return StageMemory(
         stage=chunks[0].stage,
         weights=weights,

@@ -403,8 +403,7 @@ def _build_cached(
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
         if not layout.plan.grad_accum_fusion and not zero3:
-            accumulate = _grad_accumulate(f_ops, layout, name)
-            if accumulate is not None:
+            for accumulate in _grad_accumulate(f_ops, layout, name):
                 (wgt if split_w else bwd).compute(accumulate)
         if zero3:
             for comm in _grad_scatters(f_ops, layout, name):
@@ -454,20 +453,40 @@ def _grad_scatters(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
     ]
 
 
-def _grad_accumulate(f_ops: list[Op], layout: Layout, name: str) -> Op | None:
-    """The separate gradient-accumulation kernel of a block without gradient-accumulation fusion: the fresh
-    16-bit gradient of each local parameter is added into the buffer in ``grad_dtype`` (PlanSpec docstring)."""
+def _grad_accumulate(f_ops: list[Op], layout: Layout, name: str) -> list[Op]:
+    """The separate gradient-accumulation kernels of a block without gradient-accumulation fusion: the fresh
+    16-bit gradient of each local parameter is added into the buffer in ``grad_dtype``, in one kernel, or, with
+    ``grad_accum_upcast_copy`` and a wider buffer, cast to a copy in the buffer's dtype first and then added
+    (PlanSpec docstring)."""
     params = sum(op.params for op in f_ops)
     if params <= 0:
-        return None
+        return []
     acc = layout.plan.grad_bytes
-    return Op(
-        name=f"{name}.grad_accumulate",
-        kind="memory",
-        phase="bwd",
-        read_bytes=float(params * (2 + acc)),
-        write_bytes=float(params * acc),
-    )
+    if layout.plan.grad_accum_upcast_copy and acc > 2:
+        cast = Op(
+            name=f"{name}.grad_upcast",
+            kind="memory",
+            phase="bwd",
+            read_bytes=float(params * 2),
+            write_bytes=float(params * acc),
+        )
+        add = Op(
+            name=f"{name}.grad_accumulate",
+            kind="memory",
+            phase="bwd",
+            read_bytes=float(params * 2 * acc),
+            write_bytes=float(params * acc),
+        )
+        return [cast, add]
+    return [
+        Op(
+            name=f"{name}.grad_accumulate",
+            kind="memory",
+            phase="bwd",
+            read_bytes=float(params * (2 + acc)),
+            write_bytes=float(params * acc),
+        )
+    ]
 
 
 def _tokens(layout: Layout) -> int:

@@ -24,6 +24,11 @@ micro-batches (Megatron-LM ``--gradient-accumulation-fusion``, the default since
 ``grad_added_to_main_grad``); off, every micro-batch's backward adds each parameter's fresh 16-bit gradient
 into the buffer in a separate kernel (Megatron-LM's 2021 ``param_hook``: ``main_grad.add_(grad)``; PyTorch
 autograd's own accumulation behaves alike), reading the gradient and the buffer and writing the buffer.
+``grad_accum_upcast_copy`` (off by default; only with ``grad_accum_fusion`` off) makes that separate accumulation
+two kernels, as DeepSpeed's ``BF16_Optimizer`` runs it after every micro-batch's backward
+(``deepspeed/runtime/bf16_optimizer.py``, ``update_hp_grads``: ``hp_grad.add_(lp.grad.to(hp_grad.dtype))``): a
+copy of the 16-bit gradient cast up to the buffer's dtype, then the add, 8 more bytes per parameter with an fp32
+buffer; the copy of the largest parameter tensor is a transient buffer. With a 16-bit buffer the cast is a no-op.
 ``fp8_param`` (off by default, as Megatron-Core's ``--fp8-param-gather``; NeMo's ``fp8_params``; Megatron-Bridge's
 FP8 recipes turn it on) keeps the weights of the FP8 GEMMs in FP8 only when training in FP8: no 16-bit copy
 beside Transformer Engine's quantized one, and the distributed optimizer gathers them in 1 byte instead of 2.
@@ -86,6 +91,7 @@ _KNOB_READERS: dict[str, Any] = {
     "grad_overlap": lambda f, key, default: f.boolean(key, default),
     "tp_overlap": lambda f, key, default: f.boolean(key, default),
     "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
+    "grad_accum_upcast_copy": lambda f, key, default: f.boolean(key, default),
     "fp8_param": lambda f, key, default: f.boolean(key, default),
     "vocab_divisible_by": lambda f, key, default: f.integer(key, default, minimum=1),
     "layers_at_start_in_bf16": lambda f, key, default: f.integer(key, default, minimum=0),
@@ -166,6 +172,7 @@ class PlanSpec:
     grad_overlap: bool | None = None
     tp_overlap: bool | None = None
     grad_accum_fusion: bool = True
+    grad_accum_upcast_copy: bool = False  # the separate accumulation casts to a copy first (module docstring)
     fp8_param: bool = False  # FP8 GEMM weights kept in FP8 only (module docstring)
     vocab_divisible_by: int = 128  # the vocabulary is padded to a multiple of this times tp (module docstring)
     layers_at_start_in_bf16: int = 0  # FP8 runs: first decoder layers kept in BF16 (module docstring)
@@ -200,6 +207,12 @@ class PlanSpec:
                 "recompute_layers",
                 f"applies to recompute full only, got recompute={self.recompute}",
                 "set recompute: full, or leave recompute_layers out",
+            )
+        if self.grad_accum_upcast_copy and self.grad_accum_fusion:
+            raise SpecError(
+                "grad_accum_upcast_copy",
+                "describes the separate gradient accumulation, got grad_accum_fusion=true",
+                "set grad_accum_fusion: false, or leave grad_accum_upcast_copy out",
             )
         if self.schedule == "interleaved" and self.vp == 1:
             raise SpecError("vp", "must be > 1 with the interleaved schedule, got vp=1", "raise vp or use 1f1b")

@@ -285,6 +285,35 @@ def test_unfused_gradient_accumulation_adds_one_add_per_layer_and_micro_batch() 
     assert slow > simulate(DENSE, CLUSTER, _plan()).step_time_s
 
 
+def test_upcast_copy_accumulation_is_a_cast_then_an_add() -> None:
+    """grad_accum_upcast_copy (DeepSpeed's BF16_Optimizer: hp_grad.add_(lp.grad.to(fp32))): each layer's separate
+    accumulation is a cast of the 16-bit gradient to an fp32 copy (2 bytes read, 4 written) and then the add of
+    two fp32 tensors (8 read, 4 written), 8 bytes per parameter more than the one mixed-dtype add; the copy of the
+    largest operator's parameters is a transient buffer. With an fp16 buffer the cast is a no-op; with fusion on the
+    knob describes nothing and is refused."""
+    plan = _plan(grad_accum_fusion=False, grad_accum_upcast_copy=True)
+    layout = resolve_layout(DENSE, CLUSTER, plan)
+    bwd = build_programs(build_graph(DENSE, 1024, 1), layout, (("layer.dense", 1),))[1]
+    layer = build_graph(DENSE, 1024, 1).block("layer.dense")
+    params = sum(op.params for op in layer.forward)
+    ops = [s.work for s in bwd if not isinstance(s.work, Comm) and ".grad_" in s.work.name]
+    assert [(op.name, op.read_bytes, op.write_bytes) for op in ops] == [
+        ("layer.dense.grad_upcast", 2.0 * params, 4.0 * params),
+        ("layer.dense.grad_accumulate", 8.0 * params, 4.0 * params),
+    ]
+    half = _accumulations(_plan(grad_accum_fusion=False, grad_accum_upcast_copy=True, precision="fp16"))
+    assert [(op.read_bytes, op.write_bytes) for op in half] == [(4.0 * params, 2.0 * params)] * 2
+    one_add = simulate(DENSE, CLUSTER, _plan(grad_accum_fusion=False))
+    copied = simulate(DENSE, CLUSTER, plan)
+    assert copied.step_time_s > one_add.step_time_s
+    # The embedding operator's parameters (word and learned position table) are the stage's largest.
+    largest = max(op.params for op in build_graph(DENSE, 1024, 1).block("embedding").forward)
+    assert largest == (DENSE.vocab + DENSE.seq_len) * DENSE.hidden
+    assert copied.memory[0].buffers == pytest.approx(one_add.memory[0].buffers + 4.0 * largest)
+    with pytest.raises(SpecError, match="grad_accum_upcast_copy"):
+        _plan(grad_accum_upcast_copy=True)
+
+
 def test_expert_parallel_adds_all_to_all() -> None:
     """Issue 3 (EP): ep=2 adds a dispatch and a combine all-to-all per MoE layer, forward and backward."""
     assert _collectives(MOE, _plan(dp=2), "ep") == Counter()

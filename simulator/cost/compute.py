@@ -134,7 +134,17 @@ class ComputeModel:
         # and sum; see graph.transformer.CE_FWD_READ), timed as one elementwise op over the bytes they move.
         # The copies, adds and output merges of context-parallel attention (program.py, ``.cp_*``) stream too.
         if (
-            name.endswith(("dropout_add", "dropout_add.bwd", "dropout", "dropout.bwd", ".fp8_cast", ".grad_accumulate"))
+            name.endswith(
+                (
+                    "dropout_add",
+                    "dropout_add.bwd",
+                    "dropout",
+                    "dropout.bwd",
+                    ".fp8_cast",
+                    ".grad_accumulate",
+                    ".grad_upcast",
+                )
+            )
             or name.startswith(("optimizer", "head.cross_entropy"))
             or ".cp_" in name
         ):

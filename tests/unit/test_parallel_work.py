@@ -301,6 +301,7 @@ def test_upcast_copy_accumulation_is_a_cast_then_an_add() -> None:
         ("layer.dense.grad_upcast", 2.0 * params, 4.0 * params),
         ("layer.dense.grad_accumulate", 8.0 * params, 4.0 * params),
     ]
+    assert {ComputeModel.memory_class(op) for op in ops} == {"elementwise"}  # streaming kernels, timed alike
     half = _accumulations(_plan(grad_accum_fusion=False, grad_accum_upcast_copy=True, precision="fp16"))
     assert [(op.read_bytes, op.write_bytes) for op in half] == [(4.0 * params, 2.0 * params)] * 2
     one_add = simulate(DENSE, CLUSTER, _plan(grad_accum_fusion=False))

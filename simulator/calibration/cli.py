@@ -29,30 +29,32 @@ __all__ = ["add_calibrate_parser"]
 EXIT_OK = 0
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def _whole_number(text: str, minimum: int) -> int:
+    """``text`` as a whole number >= ``minimum``, or an argparse error saying what was expected."""
     try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
+        value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,4, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers such as 1,2,4, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+    return value
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated positive whole numbers (``1,2,4``)."""
+    try:
+        values = tuple(_whole_number(v.strip(), 1) for v in text.split(",") if v.strip())
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"{err} in {text!r} (comma-separated, e.g. 1,2,4)") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers such as 1,2,4, got {text!r}")
     return values
 
 
 def _whole(minimum: int) -> Any:
     """An argparse type: a whole number >= ``minimum`` (a repeat count of 0 or a negative length is bad input,
     not a run that measures nothing or crashes later)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
-        return value
-
-    return parse
+    return lambda text: _whole_number(text, minimum)
 
 
 def _say(msg: str) -> None:

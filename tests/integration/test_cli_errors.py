@@ -121,6 +121,8 @@ ARG_CASES = [
     (["calibrate", "profile", "--repeats", "0", "--out", "x"], ["--repeats", "expected a whole number >= 1", "'0'"]),
     (["calibrate", "profile", "--seq-len", "-5", "--out", "x"], ["--seq-len", "expected a whole number >= 1"]),
     (["calibrate", "host", "--warmup", "-1"], ["--warmup", "expected a whole number >= 0, got '-1'"]),
+    (["calibrate", "profile", "--tp", "1,0", "--out", "x"], ["--tp", ">= 1, got '0' in '1,0'", "e.g. 1,2,4"]),
+    (["calibrate", "profile", "--micro-batch", ",", "--out", "x"], ["--micro-batch", "comma-separated whole numbers"]),
     (["calibrate", "fit", "x.csv", "--out", "t.yaml", "--holdout", "two"], ["--holdout", "expected a whole number"]),
     # --seq-len 0 was read as "the model's default" (a falsy value), not as the bad input it is.
     (["graph", "--model", "llama3-8b", "--seq-len", "0"], ["--seq-len/--micro-batch", "must be >= 1, got 0"]),

@@ -125,7 +125,7 @@ def test_importers_write_rows_from_shipped_data(tmp_path: Path, capsys: pytest.C
         (["calibrate", "import-vidur", "/nonexistent.csv", "--out", "x.csv"], "no such file"),
         (["calibrate", "import-torch-profiler", "README.md", "--out", "x.csv"], "Chrome trace"),
         (["calibrate", "profile", "--out", "x"], "give --model"),
-        (["calibrate", "profile", "--tp", "0", "--out", "x"], "positive integers"),
+        (["calibrate", "profile", "--tp", "0", "--out", "x"], "a whole number >= 1, got '0' in '0'"),
         (["calibrate", "profile", "--model", "gpt3-175b", "--tp", "5", "--out", "x"], "divide"),
         (["calibrate", "check", "--cluster", "dgx-a100-80g-typo.yaml"], "file not found"),
     ],

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
-from simulator.parallel.program import attention_output_copy_bytes, local_act_bytes, local_params, stage_params
+from simulator.parallel.program import (
+    attention_output_copy_bytes,
+    local_act_bytes,
+    local_params,
+    stage_params,
+    upcasts_gradients,
+)
 from simulator.parallel.schedule import Task, in_flight
 from simulator.parallel.stages import Chunk
 from simulator.units import GIB, fmt_bytes
@@ -196,7 +202,7 @@ def stage_memory(
             for name, _ in chunk.blocks:
                 largest = max(largest, sum(local_params(op, layout) for op in graph.block(name).forward))
         buffers += 2 * 2.0 * largest  # current and prefetched layer, gathered in 16-bit
-    if plan.grad_accum_upcast_copy and not plan.grad_accum_fusion and plan.grad_bytes > 2 and zero < 3:
+    if upcasts_gradients(layout):
         # The separate accumulation's cast copy of one parameter's gradient at a time (PlanSpec docstring): the
         # largest operator's parameters, a bound on its largest tensor (an embedding operator holds two).
         tensor = max(

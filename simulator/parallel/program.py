@@ -57,6 +57,7 @@ __all__ = [
     "param_all_gathers",
     "shard_op",
     "stage_params",
+    "upcasts_gradients",
 ]
 
 ACT_BYTES = 2  # 16-bit activations and activation gradients on the wire
@@ -402,7 +403,7 @@ def _build_cached(
         if len(instances) - 1 - j in recomputed:
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
-        if not layout.plan.grad_accum_fusion and not zero3:
+        if _accumulates_separately(layout):
             for accumulate in _grad_accumulate(f_ops, layout, name):
                 (wgt if split_w else bwd).compute(accumulate)
         if zero3:
@@ -453,40 +454,39 @@ def _grad_scatters(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
     ]
 
 
+def _accumulates_separately(layout: Layout) -> bool:
+    """Whether each micro-batch's backward adds its fresh gradients into the buffer in kernels of its own: without
+    gradient-accumulation fusion, and not under ZeRO-3, whose gradients are reduce-scattered away instead."""
+    return not layout.plan.grad_accum_fusion and not (layout.plan.zero_stage == 3 and layout.dp.size > 1)
+
+
+def upcasts_gradients(layout: Layout) -> bool:
+    """Whether that separate accumulation goes through a copy cast up to the buffer's dtype
+    (``grad_accum_upcast_copy``; a no-op with a 16-bit buffer; PlanSpec docstring)."""
+    return _accumulates_separately(layout) and layout.plan.grad_accum_upcast_copy and layout.plan.grad_bytes > 2
+
+
 def _grad_accumulate(f_ops: list[Op], layout: Layout, name: str) -> list[Op]:
-    """The separate gradient-accumulation kernels of a block without gradient-accumulation fusion: the fresh
-    16-bit gradient of each local parameter is added into the buffer in ``grad_dtype``, in one kernel, or, with
-    ``grad_accum_upcast_copy`` and a wider buffer, cast to a copy in the buffer's dtype first and then added
-    (PlanSpec docstring)."""
+    """The separate gradient-accumulation kernels of a block (:func:`_accumulates_separately`): the fresh 16-bit
+    gradient of each local parameter is added into the buffer in ``grad_dtype``, in one kernel, or cast to a copy
+    in the buffer's dtype first and then added (:func:`upcasts_gradients`)."""
     params = sum(op.params for op in f_ops)
     if params <= 0:
         return []
     acc = layout.plan.grad_bytes
-    if layout.plan.grad_accum_upcast_copy and acc > 2:
-        cast = Op(
-            name=f"{name}.grad_upcast",
+
+    def streaming(kernel: str, read: float, write: float) -> Op:
+        return Op(
+            name=f"{name}.{kernel}",
             kind="memory",
             phase="bwd",
-            read_bytes=float(params * 2),
-            write_bytes=float(params * acc),
+            read_bytes=float(params * read),
+            write_bytes=float(params * write),
         )
-        add = Op(
-            name=f"{name}.grad_accumulate",
-            kind="memory",
-            phase="bwd",
-            read_bytes=float(params * 2 * acc),
-            write_bytes=float(params * acc),
-        )
-        return [cast, add]
-    return [
-        Op(
-            name=f"{name}.grad_accumulate",
-            kind="memory",
-            phase="bwd",
-            read_bytes=float(params * (2 + acc)),
-            write_bytes=float(params * acc),
-        )
-    ]
+
+    if upcasts_gradients(layout):
+        return [streaming("grad_upcast", 2, acc), streaming("grad_accumulate", 2 * acc, acc)]
+    return [streaming("grad_accumulate", 2 + acc, acc)]
 
 
 def _tokens(layout: Layout) -> int:

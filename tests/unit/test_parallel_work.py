@@ -311,6 +311,12 @@ def test_upcast_copy_accumulation_is_a_cast_then_an_add() -> None:
     largest = max(op.params for op in build_graph(DENSE, 1024, 1).block("embedding").forward)
     assert largest == (DENSE.vocab + DENSE.seq_len) * DENSE.hidden
     assert copied.memory[0].buffers == pytest.approx(one_add.memory[0].buffers + 4.0 * largest)
+    # Memory counts the copy exactly where the programs run it: ZeRO-3 over one rank still accumulates, over two
+    # its gradients are reduce-scattered instead.
+    for z3, runs in ((plan.with_(zero_stage=3), True), (plan.with_(zero_stage=3, dp=2, global_batch=16), False)):
+        one = _sim(DENSE, z3.with_(grad_accum_upcast_copy=False)).memory[0].buffers
+        assert (_sim(DENSE, z3).memory[0].buffers > one) is runs
+        assert bool(_accumulations(z3)) is runs
     with pytest.raises(SpecError, match="grad_accum_upcast_copy"):
         _plan(grad_accum_upcast_copy=True)
 

@@ -335,6 +335,11 @@ def _cluster_text(c: Any) -> str:
         lines.append(
             f"  calibration {t.name} (measured on {t.device}): {len(t.compute)} compute curves, "
             f"{len(t.collectives)} collective curves"
+            + (
+                f", GEMMs under sustained load at {t.sustained_gemm_ratio:.3f} of their profiled speed"
+                if t.sustained_gemm_ratio is not None
+                else ""
+            )
         )
     else:
         lines.append("  calibration: none (default curves)")

@@ -51,6 +51,17 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _whole(minimum: int) -> Any:
     """An argparse type: a whole number >= ``minimum`` (a repeat count of 0 or a negative length is bad input,
     not a run that measures nothing or crashes later)."""
@@ -100,6 +111,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         passes=args.passes,
         cold_cache=args.cold_cache,
         collectives=colls,
+        sustain_s=args.sustain,
         log=_say,
     )
     print(
@@ -208,6 +220,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                     "launch_overhead_us": None
                     if result.table.launch_overhead_s is None
                     else result.table.launch_overhead_s * 1e6,
+                    "sustained_gemm_ratio": result.table.sustained_gemm_ratio,
                     "residuals": summary,
                     "missing": [{"folder": f, "shape": k, "reason": r} for f, k, r in result.missing],
                 },
@@ -223,6 +236,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         )
         if t.launch_overhead_s is not None:
             print(f"launch overhead {t.launch_overhead_s * 1e6:.2f} us per operator")
+        if t.sustained_gemm_ratio is not None:
+            print(f"sustained GEMM throughput {t.sustained_gemm_ratio:.3f} of the profiled burst")
         if summary:
             print(f"held-out residuals (every {args.holdout}th shape left out of the fit, then predicted):")
             print("\n".join(_residual_lines(summary)))
@@ -322,6 +337,7 @@ def _cmd_host(args: argparse.Namespace) -> int:
         cold_cache=args.cold_cache,
         check=not args.no_check,
         fp8=args.fp8,
+        sustain_s=args.sustain,
         log=_say,
     )
     summary = summarize_errors(result.fit.residuals)
@@ -367,6 +383,16 @@ def add_calibrate_parser(sub: Any) -> None:
             "--threads", type=_whole(1), default=1, help="CPU threads per rank (default 1: one rank = one core)"
         )
 
+    def sustain_opt(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--sustain",
+            type=_seconds,
+            default=0.0,
+            metavar="SECONDS",
+            help="also time the peak GEMM after SECONDS of back-to-back load (60 or more on a GPU): the table's "
+            "sustained_gemm_ratio; 0 (default) skips it",
+        )
+
     prof = cal_sub.add_parser("profile", help="time a model's kernels (and collectives) through PyTorch")
     device_opts(prof)
     prof.add_argument("--model", action="append", help="built-in model, model YAML or config.json (repeatable)")
@@ -384,6 +410,7 @@ def add_calibrate_parser(sub: Any) -> None:
     prof.add_argument("--passes", type=_whole(1), default=1, help="time every shape once per pass, one row each")
     prof.add_argument("--cold-cache", action="store_true", help="flush the last-level cache before each timed run")
     prof.add_argument("--no-probes", action="store_true", help="skip the peak-GEMM and bandwidth probes")
+    sustain_opt(prof)
     prof.add_argument("--out", type=Path, required=True, help="folder for kernels.csv, collectives.csv, manifest")
     prof.set_defaults(func=_cmd_profile)
 
@@ -447,5 +474,6 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument("--rounds", type=_whole(1), default=2, help="interleaved check rounds over the configurations")
     host.add_argument("--no-check", action="store_true", help="stop after writing the profiles")
     host.add_argument("--fp8", action="store_true", help="also time FP8 GEMMs (profile --fp8); the check stays 16-bit")
+    sustain_opt(host)
     host.add_argument("--format", choices=("table", "json"), default="table")
     host.set_defaults(func=_cmd_host)

@@ -15,7 +15,8 @@ backward passes (ops named ``..._bwd`` or ``..._backward``) apart from forward o
 cross-entropy, which are exactly the ones that fall back to it. Attention backward rows always get
 their own ``attention_bwd`` curve. Rows named
 ``probe.*`` (device properties) and ``overhead`` rows (host launch cost, stored as ``launch_overhead_us``)
-feed no curve.
+feed no curve. The burst and sustained timings of one GEMM (``probe.gemm_burst``, ``probe.gemm_sustained``)
+give ``sustained_gemm_ratio``, the median burst time over the median sustained time.
 
 Collective curves, one per (collective, scope, group size), give the nccl-tests bus bandwidth
 ``size / time · factor`` (factor 2(n−1)/n for all-reduce, (n−1)/n for all-gather, reduce-scatter and
@@ -40,7 +41,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from simulator.calibration.rows import Measurement, memory_class
+from simulator.calibration.rows import SUSTAINED_PROBES, Measurement, memory_class
 from simulator.cost.communication import bus_factor
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import (
@@ -211,12 +212,15 @@ def fit_table(
     compute: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     colls: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
     launch: list[float] = []
+    sustained: dict[str, list[float]] = {op: [] for op in SUSTAINED_PROBES}
     for row in rows:
         if row.kind == "overhead":
             if row.op == "launch":
                 launch.append(row.time_s)
             continue
         if _is_probe(row):
+            if row.op in sustained:
+                sustained[row.op].append(row.time_s)
             continue
         if row.kind == "collective":
             if row.scope != "domain" or row.ranks < 2 or row.bytes <= 0:
@@ -278,9 +282,21 @@ def fit_table(
         compute=tuple(curves),
         collectives=tuple(bands),
         launch_overhead_s=round(statistics.median(launch), 9) if launch else None,
+        sustained_gemm_ratio=_sustained_ratio(*(sustained[op] for op in SUSTAINED_PROBES)),
         provenance=tuple(provenance),
         source=source,
     )
+
+
+def _sustained_ratio(burst: Sequence[float], sustained: Sequence[float]) -> float | None:
+    """Median burst time over median sustained time of the same GEMM, None unless both were measured.
+
+    >>> _sustained_ratio([1.0, 1.2], [1.25]), _sustained_ratio([1.0], [])
+    (0.88, None)
+    """
+    if not burst or not sustained:
+        return None
+    return round(min(statistics.median(burst) / statistics.median(sustained), 2.0), 4)
 
 
 def _sources(rows: Sequence[Measurement], kind: str, key: str) -> str:

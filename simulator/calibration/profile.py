@@ -12,6 +12,9 @@ What is timed (each distinct shape once; :mod:`.torchlib` for how):
 * LayerNorm, GELU, the residual add, the embedding lookup, cross-entropy (forward and backward each) and
   the Adam step over the model's parameters;
 * two device probes: a large GEMM (peak throughput) and copies of several sizes (memory bandwidth);
+* with ``sustain_s``, that large GEMM once more, after the kernels: timed as every kernel is (a short burst),
+  then run back to back for ``sustain_s`` seconds and timed again over the last quarter of that run
+  (:func:`sustained_gemm`), with the SM clock, power and temperature NVML reports before and at the end;
 * on CUDA, the host's launch cost per small operator with autograd (``launch_overhead_us``): the CPU time
   per operator of a long chain of tiny ones, while the GPU idles between them;
 * with ``collectives``, all-reduce, all-gather, reduce-scatter, all-to-all and send/recv over a range of
@@ -31,6 +34,7 @@ import json
 import math
 import os
 import socket
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -38,9 +42,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from simulator.calibration.rows import Measurement, RowAppender, read_rows
+from simulator.calibration.rows import SUSTAINED_PROBES, Measurement, RowAppender, read_rows
 from simulator.calibration.torchlib import (
     DTYPE,
+    Timing,
     cross_entropy_backward,
     cross_entropy_forward,
     device_name,
@@ -69,6 +74,8 @@ __all__ = [
     "model_shapes",
     "probe_shapes",
     "run_profile",
+    "sustained_gemm",
+    "sustained_shapes",
 ]
 
 KERNELS_CSV = "kernels.csv"
@@ -233,6 +240,13 @@ def probe_shapes(dev_type: str, *, fp8: bool = False) -> list[Shape]:
     ]
 
 
+def sustained_shapes(dev_type: str) -> tuple[Shape, Shape]:
+    """The burst and sustained timings of the peak probe's GEMM (:data:`SUSTAINED_PROBES`)."""
+    peak = probe_shapes(dev_type)[0]
+    burst, sustained = SUSTAINED_PROBES
+    return replace(peak, op=burst), replace(peak, op=sustained)
+
+
 def collective_shapes(ranks: int, dev_type: str) -> list[Shape]:
     """Collectives to time: every op at sizes from 4 KiB to 16 MiB (CPU) or 64 KiB to 1 GiB (GPU), by factors of 2.
 
@@ -278,7 +292,7 @@ def _done_counts(out: Path) -> Counter[str]:
         if path.is_file() and path.stat().st_size > 0:
             for row in read_rows([path]) if _has_rows(path) else []:
                 if row.note.startswith("shape="):
-                    done[row.note.removeprefix("shape=")] += 1
+                    done[row.note.removeprefix("shape=").split(";")[0]] += 1
     return done
 
 
@@ -506,6 +520,96 @@ def _launch_overhead(dev: Any, ops: int = 2000) -> float:
     return samples[len(samples) // 2]
 
 
+@dataclass(frozen=True, slots=True)
+class SustainedRun:
+    """One GEMM timed in a short burst and under sustained load (:func:`sustained_gemm`).
+
+    ``before`` and ``after`` are the device's SM clock, power and temperature (NVML, through PyTorch) before the
+    burst and while the last timed GEMMs ran, "" where they cannot be read (a CPU, no ``pynvml``).
+    """
+
+    burst: Timing
+    sustained: Timing
+    seconds: float
+    before: str
+    after: str
+
+
+def _nvml(read: Callable[[Any], Any], dev: Any) -> float | None:
+    """One NVML reading through PyTorch, None where it cannot be had: no ``pynvml`` (an ImportError), an
+    ``NVMLError`` (a class of ``pynvml``, which we do not import) or a driver without the counter."""
+    try:
+        return float(read(dev))
+    except Exception:
+        return None
+
+
+def _device_state(dev: Any) -> str:
+    """SM clock, power draw and temperature as NVML reports them ("" on a CPU or where NVML cannot be read)."""
+    if dev.type != "cuda":
+        return ""
+    torch = require_torch()
+    # torch.cuda.clock_rate (MHz), power_draw (mW) and temperature (degrees C) read NVML through pynvml.
+    readers = (("sm_clock_mhz", "clock_rate", 1.0), ("power_w", "power_draw", 1e-3), ("temp_c", "temperature", 1.0))
+    parts = []
+    for label, name, scale in readers:
+        read = getattr(torch.cuda, name, None)
+        value = _nvml(read, dev) if read is not None else None
+        if value is not None:
+            parts.append(f"{label}={value * scale:g}")
+    return " ".join(parts)
+
+
+def sustained_gemm(
+    dev: Any, seconds: float, *, window_s: float = 0.25, warmup: int = 2, repeats: int = 5
+) -> SustainedRun:
+    """The peak probe's GEMM timed as every kernel is profiled, then after ``seconds`` of back-to-back load.
+
+    Kernel profiles (ours, Vidur's) time each shape for a few runs with pauses between shapes, so a GPU runs
+    them near its boost clock. A training step keeps the tensor cores busy for minutes, and a GPU at its power
+    limit lowers its clock until it stays under the limit. The burst is timed exactly as :func:`time_fn` times
+    every shape; then the GEMM runs back to back in windows of about ``window_s`` seconds, each timed as a whole
+    (CUDA events, or the wall clock on a CPU), until ``seconds`` have passed, and the sustained time per GEMM is
+    the median over the windows that ended in the last quarter of the run.
+    """
+    torch = require_torch()
+    burst_shape, _ = sustained_shapes(dev.type)
+    fn = _benchmark(replace(burst_shape, op="probe.peak_gemm"), dev)
+    before = _device_state(dev)
+    burst = time_fn(fn, dev, warmup=warmup, repeats=repeats)
+    per_window = max(1, round(window_s / burst.median_s))
+    cuda = dev.type == "cuda"
+    windows: list[tuple[float, float]] = []  # (seconds since the load started, seconds per GEMM)
+    after = before
+    t_start = time.perf_counter()
+    elapsed = 0.0
+    while elapsed < seconds or not windows:
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(per_window):
+                fn()
+            end.record()
+            after = _device_state(dev) or after  # read while this window's GEMMs are still running
+            end.synchronize()
+            took = start.elapsed_time(end) * 1e-3
+        else:
+            t0 = time.perf_counter()
+            for _ in range(per_window):
+                fn()
+            took = time.perf_counter() - t0
+        elapsed = time.perf_counter() - t_start
+        windows.append((elapsed, took / per_window))
+    tail = [per for ended, per in windows if ended >= 0.75 * elapsed] or [windows[-1][1]]
+    sustained = Timing(
+        median_s=statistics.median(tail),
+        min_s=min(tail),
+        std_s=statistics.pstdev(tail) if len(tail) > 1 else 0.0,
+        repeats=len(tail) * per_window,
+    )
+    return SustainedRun(burst=burst, sustained=sustained, seconds=elapsed, before=before, after=after)
+
+
 # -- running ------------------------------------------------------------------------------------------------
 
 
@@ -513,7 +617,9 @@ def _prov(prov: dict[str, str]) -> dict[str, Any]:
     return {k: prov.get(k, "") for k in ("device", "host", "torch_version", "cuda_version", "date")}
 
 
-def _row(shape: Shape, seconds: float, min_s: float, std_s: float, repeats: int, prov: dict[str, str]) -> Measurement:
+def _row(
+    shape: Shape, seconds: float, min_s: float, std_s: float, repeats: int, prov: dict[str, str], note: str = ""
+) -> Measurement:
     return Measurement(
         kind=shape.kind,
         op=shape.op,
@@ -531,9 +637,13 @@ def _row(shape: Shape, seconds: float, min_s: float, std_s: float, repeats: int,
         time_s_std=finite(std_s),
         repeats=repeats,
         source=SOURCE,
-        note=f"shape={shape.key}",
+        note=f"shape={shape.key}" + (f"; {note}" if note else ""),
         **_prov(prov),
     )
+
+
+def _timed_row(shape: Shape, t: Timing, prov: dict[str, str], note: str = "") -> Measurement:
+    return _row(shape, t.median_s, t.min_s, t.std_s, t.repeats, prov, note)
 
 
 def run_profile(
@@ -548,6 +658,7 @@ def run_profile(
     cold_cache: bool = False,
     collectives: Sequence[Shape] = (),
     launch_overhead: bool | None = None,
+    sustain_s: float = 0.0,
     log: Callable[[str], None] | None = None,
 ) -> ProfileReport:
     """Time ``shapes`` (and ``collectives``) into ``out``, resuming whatever an earlier run measured.
@@ -558,6 +669,11 @@ def run_profile(
 
     ``launch_overhead`` defaults to on for CUDA and off for the CPU, where operators run synchronously and
     their measured times already include PyTorch's dispatch cost.
+
+    With ``sustain_s`` > 0 the peak probe's GEMM is timed once more after the kernels, in a burst and after
+    ``sustain_s`` seconds of back-to-back load (:func:`sustained_gemm`); give it a minute or more on a GPU: its
+    power limit acts within milliseconds, but its temperature, and with it the clock the limit allows, settles
+    over tens of seconds.
 
     Raises
     ------
@@ -575,16 +691,18 @@ def run_profile(
     if launch_overhead is None:
         launch_overhead = dev.type == "cuda"
     launch_key = "overhead:launch"
-    for shape in todo:
+    sustain = sustained_shapes(dev.type) if sustain_s > 0 else ()
+    for shape in (*todo, *sustain):
         planned[shape.key] = shape.op
     if launch_overhead:
         planned[launch_key] = "launch"
     _write_manifest(out, planned)
     counts = _done_counts(out)
     done = set(counts)
-    resumed = sum(1 for s in todo if s.key in done) + (1 if launch_overhead and launch_key in done else 0)
+    keys = [s.key for s in (*todo, *sustain)] + ([launch_key] if launch_overhead else [])
+    resumed = sum(1 for key in keys if key in done)
     if resumed:
-        say(f"resuming: {resumed} of {len(todo)} shapes already measured in {out}")
+        say(f"resuming: {resumed} of {len(keys)} shapes already measured in {out}")
     prov = provenance(dev)
     measured = 0
     with RowAppender(out / KERNELS_CSV) as sink:
@@ -602,7 +720,7 @@ def run_profile(
                     if dev.type == "cuda":
                         torch.cuda.empty_cache()
                     continue
-                sink.append(_row(shape, t.median_s, t.min_s, t.std_s, t.repeats, prov))
+                sink.append(_timed_row(shape, t, prov))
                 counts[shape.key] += 1
                 measured += 1
                 if (i + 1) % 100 == 0:
@@ -621,6 +739,8 @@ def run_profile(
                 )
             )
             measured += 1
+        if sustain and sustain[1].key not in done:
+            measured += _run_sustained(sustain, sustain_s, dev, out, done, prov, sink, say)
     pending = [c for c in collectives if c.key not in done]
     if pending:
         measured += _run_collectives(pending, out, dev.type, threads, warmup, repeats, prov)
@@ -628,6 +748,38 @@ def run_profile(
     return ProfileReport(
         out=out, planned=len(planned), measured=measured, resumed=resumed, missing=missing, device=device_name(dev)
     )
+
+
+def _run_sustained(
+    shapes: tuple[Shape, Shape],
+    seconds: float,
+    dev: Any,
+    out: Path,
+    done: set[str],
+    prov: dict[str, str],
+    sink: RowAppender,
+    say: Callable[[str], None],
+) -> int:
+    """Time the burst and sustained GEMM (:func:`sustained_gemm`) into ``sink``; the rows written."""
+    burst_shape, sustained_shape = shapes
+    say(f"timing the peak GEMM under {seconds:g} s of sustained load")
+    try:
+        run = sustained_gemm(dev, seconds)
+    except RuntimeError as err:
+        _record_failure(out, sustained_shape.key, f"{type(err).__name__}: {err}")
+        say(f"failed {sustained_shape.key}: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+        return 0
+    written = 0
+    if burst_shape.key not in done:
+        sink.append(_timed_row(burst_shape, run.burst, prov, f"before: {run.before}" if run.before else ""))
+        written += 1
+    state = f"; end: {run.after}" if run.after else ""
+    sink.append(
+        _timed_row(sustained_shape, run.sustained, prov, f"after {run.seconds:.0f} s of back-to-back GEMMs{state}")
+    )
+    ratio = run.burst.median_s / run.sustained.median_s
+    say(f"  sustained GEMM throughput {ratio:.3f} of the burst's ({run.after or 'no clock reading'})")
+    return written + 1
 
 
 def _free_port() -> int:

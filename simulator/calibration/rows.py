@@ -13,7 +13,9 @@ into efficiency tables. Conventions:
 * Kind ``overhead`` is a host-side cost per operator (op ``launch``: the CPU time PyTorch spends issuing one
   small operator with autograd, measured on CUDA where the host runs ahead of the GPU).
 * Ops named ``probe.*`` measure a device property (peak GEMM throughput, memory bandwidth), not a kernel of
-  a model; fits use them for the device profile, not for curves.
+  a model; fits use them for the device profile, not for curves. The pair ``probe.gemm_burst`` and
+  ``probe.gemm_sustained`` (:data:`SUSTAINED_PROBES`) times one large GEMM as the profiler times every kernel,
+  then after minutes of back-to-back load; their ratio is the table's ``sustained_gemm_ratio``.
 
 CSV files use a fixed column order and round-trip floats exactly (``repr``), so the same rows give the
 same bytes.
@@ -30,9 +32,20 @@ from pathlib import Path
 
 from simulator.errors import CalibrationError
 
-__all__ = ["COLUMNS", "KINDS", "Measurement", "RowAppender", "memory_class", "read_rows", "write_rows"]
+__all__ = [
+    "COLUMNS",
+    "KINDS",
+    "SUSTAINED_PROBES",
+    "Measurement",
+    "RowAppender",
+    "memory_class",
+    "read_rows",
+    "write_rows",
+]
 
 KINDS = ("gemm", "attention", "memory", "collective", "overhead")
+# The same GEMM timed in a short burst (as every kernel is profiled) and under sustained load (module docstring).
+SUSTAINED_PROBES = ("probe.gemm_burst", "probe.gemm_sustained")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

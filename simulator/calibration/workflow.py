@@ -167,12 +167,14 @@ def run_host(
     cold_cache: bool = False,
     check: bool = True,
     fp8: bool = False,
+    sustain_s: float = 0.0,
     log: Callable[[str], None] | None = None,
 ) -> HostResult:
     """Profile, fit, write the host's device, calibration and cluster profiles, and check them.
 
     With ``fp8`` the profile also times the FP8 GEMMs (``profile --fp8``), so the table gets a ``gemm:fp8``
-    curve and the device an FP8 peak; the check's real steps stay 16-bit.
+    curve and the device an FP8 peak; the check's real steps stay 16-bit. With ``sustain_s`` it also times the
+    peak GEMM under that many seconds of load (``profile --sustain``), which gives ``sustained_gemm_ratio``.
     """
     from simulator.calibration.check import CPU_CONFIGS, GPU_CONFIGS, run_check
     from simulator.calibration.profile import collective_shapes, model_shapes, probe_shapes, run_profile
@@ -203,6 +205,7 @@ def run_host(
         passes=passes,
         cold_cache=cold_cache,
         collectives=collective_shapes(ranks, device) if ranks > 1 else (),
+        sustain_s=sustain_s,
         log=say,
     )
     if report.missing:

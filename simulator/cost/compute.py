@@ -12,6 +12,12 @@ problem size); where the table has no curve for an op class and precision, the b
 used (curves derived from the measured devices, expressed against the op's ideal time at peak so that they
 transfer between devices) and the op is reported as uncalibrated. Costs are computed once per distinct
 op shape and cached in the model object, so the engine's hot path only looks them up.
+
+Kernel profiles time each shape for a few runs, so the curves hold what a GPU does near its boost clock. Where
+the table also measured one GEMM under minutes of back-to-back load (``sustained_gemm_ratio``,
+``clustersim calibrate profile --sustain``), the FLOP-bound time of GEMMs and attention is divided by that ratio:
+a training step keeps the tensor cores busy for as long, and a GPU at its power limit settles at a lower clock.
+Memory-bound kernels and the memory roof keep their profiled speed (HBM does not slow with the SM clock).
 """
 
 from __future__ import annotations
@@ -78,6 +84,12 @@ class ComputeModel:
     # the same labels as a miss (the set below then describes only the ops timed since it was last cleared).
     _cache: dict[tuple[object, ...], tuple[float, frozenset[str]]] = field(default_factory=dict, repr=False)
     uncalibrated: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def _sustained(self) -> float:
+        """The table's measured sustained/burst GEMM throughput ratio, 1 where it has none (module docstring)."""
+        ratio = self.table.sustained_gemm_ratio if self.table is not None else None
+        return 1.0 if ratio is None else ratio
 
     def _curve(self, op_class: str, precision: str) -> tuple[EfficiencyCurve | None, bool]:
         """(curve, calibrated?) for an op class at a precision."""
@@ -227,7 +239,7 @@ class ComputeModel:
                 eff = self._efficiency(curve, False, op.kind, ratio_label, flops, peak) * ATTENTION_BWD_RATIO
         else:
             eff = self._efficiency(curve, calibrated, op.kind, f"{found}:{precision}", flops, peak)
-        compute_s = flops / (peak * eff)
+        compute_s = flops / (peak * eff * self._sustained)
         return max(compute_s, self._memory_roof(op.bytes, precision, compute_s))
 
     def _fp8_efficiency(self, flops: float) -> float | None:

@@ -226,6 +226,9 @@ class CalibrationTable:
     collectives: tuple[BandwidthCurve, ...] = ()
     overlap_slowdown: float | None = None
     launch_overhead_s: float | None = None
+    # Throughput of a large GEMM under minutes of back-to-back load over its throughput when profiled as every
+    # kernel is (a short burst): the clock a GPU at its power limit settles at. None: not measured.
+    sustained_gemm_ratio: float | None = None
     provenance: tuple[tuple[str, str], ...] = ()
     source: str = ""
 
@@ -289,6 +292,7 @@ class CalibrationTable:
             collectives=colls,
             overlap_slowdown=f.number("overlap_slowdown", None, minimum=0.0, maximum=1.0),
             launch_overhead_s=_us(f.number("launch_overhead_us", None, minimum=0.0)),
+            sustained_gemm_ratio=f.number("sustained_gemm_ratio", None, positive=True, maximum=2.0),
             provenance=provenance,
             source=f.text("source", ""),
         )
@@ -308,6 +312,8 @@ class CalibrationTable:
             out["overlap_slowdown"] = round(self.overlap_slowdown, 4)
         if self.launch_overhead_s is not None:
             out["launch_overhead_us"] = round(self.launch_overhead_s * 1e6, 3)
+        if self.sustained_gemm_ratio is not None:
+            out["sustained_gemm_ratio"] = round(self.sustained_gemm_ratio, 4)
         out["compute"] = [
             {
                 "op": c.op,

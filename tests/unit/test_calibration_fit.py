@@ -13,7 +13,7 @@ from simulator.calibration.host import host_cluster, host_device
 from simulator.calibration.rows import Measurement, RowAppender, read_rows, write_rows
 from simulator.calibration.workflow import fit_files, summarize_errors, write_table
 from simulator.cost.compute import ComputeModel
-from simulator.errors import CalibrationError
+from simulator.errors import CalibrationError, SpecError
 from simulator.graph.ops import Op
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import DeviceSpec
@@ -156,6 +156,37 @@ def test_launch_overhead_and_probes() -> None:
     table = fit_table(rows, DEV, name="t")
     assert table.launch_overhead_s == pytest.approx(10e-6)
     assert CalibrationTable.from_mapping(table.to_mapping(), "t").launch_overhead_s == pytest.approx(10e-6)
+
+
+def test_sustained_gemm_probes_give_the_ratio_that_slows_flop_bound_kernels() -> None:
+    """The burst and sustained timings of one GEMM give sustained_gemm_ratio (median over median); a table with it
+    divides the FLOP-bound time of GEMMs and attention by it, leaves memory-bound kernels alone, and round-trips."""
+    probe = {"kind": "gemm", "m": 8192, "n": 8192, "k": 8192, "flops": 2.0 * 8192**3}
+    rows = [
+        *gemm_rows(),
+        Measurement(op="probe.gemm_burst", time_s=1.00, **probe),
+        Measurement(op="probe.gemm_burst", time_s=1.02, **probe),
+        Measurement(op="probe.gemm_sustained", time_s=1.20, **probe),
+        *(Measurement(kind="memory", op="layernorm", bytes=2.0**k, time_s=2.0**k / 0.5e12) for k in range(16, 30)),
+    ]
+    table = fit_table(rows, DEV, name="t", min_bin_rows=1)
+    assert table.sustained_gemm_ratio == pytest.approx(1.01 / 1.20, abs=1e-4)
+    assert CalibrationTable.from_mapping(table.to_mapping(), "t") == table
+    burst_rows = [r for r in rows if r.op != "probe.gemm_sustained"]
+    assert fit_table(burst_rows, DEV, name="t").sustained_gemm_ratio is None  # a burst alone measures nothing
+    burst_only = replace(table, sustained_gemm_ratio=None)
+    gemm = Op(name="qkv", kind="gemm", m=4096, n=4096, k=4096)
+    norm = Op(name="ln1", kind="memory", read_bytes=2.0**24, write_bytes=2.0**24)
+    hot, cool = ComputeModel(DEV, table, None, "bf16"), ComputeModel(DEV, burst_only, None, "bf16")
+    assert hot.time(gemm) == pytest.approx(cool.time(gemm) / table.sustained_gemm_ratio, rel=1e-9)
+    assert hot.time(norm) == cool.time(norm)
+
+
+@pytest.mark.parametrize("value", [0, -0.5, 2.5, "fast"])
+def test_a_bad_sustained_ratio_names_the_key(value: object) -> None:
+    mapping = {**fit_table(gemm_rows(), DEV, name="t").to_mapping(), "sustained_gemm_ratio": value}
+    with pytest.raises(SpecError, match="sustained_gemm_ratio"):
+        CalibrationTable.from_mapping(mapping, "t.yaml")
 
 
 def test_no_usable_rows_is_an_error() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from simulator.calibration import profile
-from simulator.calibration.profile import missing_shapes, model_shapes, probe_shapes, run_profile
+from simulator.calibration.profile import missing_shapes, model_shapes, probe_shapes, run_profile, sustained_shapes
 from simulator.calibration.rows import read_rows
 from simulator.errors import CalibrationError
 from simulator.graph.transformer import build_graph
@@ -74,6 +74,25 @@ def test_tiny_profile_rows_have_provenance(tmp_path: Path) -> None:
     rows = read_rows([tmp_path])
     assert all(r.time_s > 0 and r.device.startswith("CPU") and r.torch_version and r.date for r in rows)
     assert {r.op for r in rows} >= {"gemm.fwd", "probe.peak_gemm"}
+
+
+@pytest.mark.torch
+def test_sustained_load_probe_is_timed_once_and_resumed(tmp_path: Path) -> None:
+    """--sustain adds the burst and sustained timings of the peak GEMM (both planned, so a killed run lists them
+    as missing), the sustained row after at least the asked-for load; a second run measures nothing again."""
+    pytest.importorskip("torch")
+    shapes = [s for s in model_shapes(TINY) if s.op == "gemm.fwd"][:1]
+    report = run_profile(shapes, tmp_path, warmup=1, repeats=2, sustain_s=0.3)
+    assert report.planned == 3
+    assert report.missing == ()
+    rows = {r.op: r for r in read_rows([tmp_path])}
+    burst, sustained = rows["probe.gemm_burst"], rows["probe.gemm_sustained"]
+    assert (burst.m, burst.flops) == (sustained.m, sustained.flops) == (1024, 2.0 * 1024**3)
+    assert sustained.time_s * sustained.repeats >= 0.3 * 0.25  # the last quarter of at least 0.3 s of load
+    assert sustained.note.startswith(f"shape={sustained_shapes('cpu')[1].key}; after ")
+    again = run_profile(shapes, tmp_path, warmup=1, repeats=2, sustain_s=0.3)
+    assert (again.measured, again.resumed) == (0, 3)
+    assert len(read_rows([tmp_path])) == 3
 
 
 @pytest.mark.torch

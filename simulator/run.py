@@ -456,7 +456,8 @@ def _layout_memory(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> _S
     chunks = partition(graph, plan.pp, layout.vp)
     orders, live = schedule_with_in_flight(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     capacity = cluster.device.hbm_bytes
-    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity, live[s]) for s in range(plan.pp))
+    kept: dict[str, float] = {}  # per block, shared by the stages (stage_memory)
+    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity, live[s], kept) for s in range(plan.pp))
     return layout, graph, chunks, orders, memory
 
 

@@ -118,8 +118,12 @@ class StageMemory:
         }
 
 
-def _chunk_activations(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float, float]:
-    """(bytes kept per micro-batch, transient working set of one layer) for a chunk."""
+def _chunk_activations(
+    graph: ModelGraph, layout: Layout, chunk: Chunk, kept_by_block: dict[str, float]
+) -> tuple[float, float]:
+    """(bytes kept per micro-batch, transient working set of one layer) for a chunk. ``kept_by_block`` holds what
+    one instance of each block keeps without recomputation, filled as blocks are met: every stage of a plan has
+    the same graph and layout, so they share it."""
     kept = 0.0
     working = 0.0
     tokens = layout.micro_batch * layout.seq_len / layout.cp.size
@@ -130,7 +134,9 @@ def _chunk_activations(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple
     to_recompute = layout.plan.recompute_layers if layout.plan.recompute_layers is not None else chunk.layers
     for name, count in chunk.blocks:
         ops = graph.block(name).forward
-        full = sum(local_act_bytes(op, layout) for op in ops)
+        full = kept_by_block.get(name)
+        if full is None:
+            full = kept_by_block[name] = sum(local_act_bytes(op, layout) for op in ops)
         if name.startswith("layer.") and layout.recompute == "full":
             recomputed = min(count, to_recompute)
             to_recompute -= recomputed
@@ -161,9 +167,11 @@ def stage_memory(
     order: tuple[Task, ...],
     capacity: float,
     live: tuple[tuple[int, ...], ...] | None = None,
+    kept_by_block: dict[str, float] | None = None,
 ) -> StageMemory:
     """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``; ``live`` is
-    ``in_flight(order, vp)`` when the caller has it already."""
+    ``in_flight(order, vp)`` when the caller has it already. Callers sizing every stage of one plan pass one
+    ``kept_by_block`` dict to all of them (:func:`_chunk_activations`)."""
     plan = layout.plan
     dense, expert, fp8_dense, fp8_expert = stage_params(graph, layout, chunks)
     dp, edp = layout.dp.size, layout.edp.size
@@ -184,8 +192,9 @@ def stage_memory(
         live = in_flight(order, layout.vp)
     kept_by_chunk = [0.0] * layout.vp
     working = 0.0
+    kept_by_block = {} if kept_by_block is None else kept_by_block
     for chunk in chunks:
-        kept, work = _chunk_activations(graph, layout, chunk)
+        kept, work = _chunk_activations(graph, layout, chunk, kept_by_block)
         kept_by_chunk[chunk.chunk] += kept
         working = max(working, work)
     # The largest mix of live micro-batches the order reaches, weighted by what each chunk keeps.

@@ -22,17 +22,22 @@ backward), so the pipeline bubble is an outcome of the simulation, never a formu
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
+from threading import Lock
 
 from simulator.errors import InfeasiblePlanError
 
 __all__ = ["SCHEDULES", "Task", "generate", "in_flight", "schedule_with_in_flight"]
 
 # Schedules are pure functions of (schedule, p, m, v); the free-knob search sizes the same schedule once per
-# recompute option it tries, so the few most recent are kept (schedule_with_in_flight): at most 8, of up to
-# 100,000 tasks each (about 6 MB; a larger schedule, p·m·v·2 tasks, is rebuilt each time rather than held).
-SCHEDULE_CACHE_SIZE = 8
+# recompute option it tries, and one search tries tens of (micro-batch, vp) pairs (GPT-3 175B on 1,024 GPUs: 38
+# schedules, each needed again for its candidates' twins and recompute options), so the most recently used are
+# kept (schedule_with_in_flight) up to 2,000,000 tasks in all. Tasks are shared objects (_task), so a kept
+# schedule costs a reference per task, 8 bytes: at most about 16 MB. One of more than 100,000 tasks (p·m·v·2) is
+# rebuilt each time rather than held. A cache of 8 schedules had made such a search rebuild every one of them.
+SCHEDULE_CACHE_BUDGET_TASKS = 2_000_000
 SCHEDULE_CACHE_MAX_TASKS = 100_000
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
@@ -174,17 +179,49 @@ def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[tuple[int, ...], ...
     return tuple(sorted(kept, reverse=True))
 
 
+class _SizedCache:
+    """Sized schedules, least recently used dropped first once the tasks held pass a budget."""
+
+    def __init__(self, budget_tasks: int) -> None:
+        self.budget = budget_tasks
+        self.held = 0
+        self.entries: OrderedDict[tuple[str, int, int, int], tuple[SizedSchedule, int]] = OrderedDict()
+        self.lock = Lock()  # the search may run in threads; the dict and the count change together
+
+    def get(self, key: tuple[str, int, int, int]) -> SizedSchedule | None:
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is None:
+                return None
+            self.entries.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: tuple[str, int, int, int], sized: SizedSchedule, tasks: int) -> None:
+        with self.lock:
+            if key in self.entries:
+                return
+            self.entries[key] = (sized, tasks)
+            self.held += tasks
+            while self.held > self.budget:
+                _, (_, dropped) = self.entries.popitem(last=False)
+                self.held -= dropped
+
+
+_SIZED = _SizedCache(SCHEDULE_CACHE_BUDGET_TASKS)
+
+
 def schedule_with_in_flight(schedule: str, p: int, m: int, v: int = 1) -> SizedSchedule:
-    """:func:`generate` and every stage's :func:`in_flight`: what sizing a plan needs (small schedules cached;
-    the result is immutable)."""
-    if 2 * p * m * v <= SCHEDULE_CACHE_MAX_TASKS:
-        return _schedule_with_in_flight_cached(schedule, p, m, v)
-    return _schedule_with_in_flight(schedule, p, m, v)
-
-
-@lru_cache(maxsize=SCHEDULE_CACHE_SIZE)
-def _schedule_with_in_flight_cached(schedule: str, p: int, m: int, v: int) -> SizedSchedule:
-    return _schedule_with_in_flight(schedule, p, m, v)
+    """:func:`generate` and every stage's :func:`in_flight`: what sizing a plan needs (schedules of up to
+    SCHEDULE_CACHE_MAX_TASKS tasks cached; the result is immutable)."""
+    key = (schedule, p, m, v)
+    hit = _SIZED.get(key)
+    if hit is not None:
+        return hit
+    sized = _schedule_with_in_flight(schedule, p, m, v)
+    tasks = sum(len(order) for order in sized[0])
+    if tasks <= SCHEDULE_CACHE_MAX_TASKS:
+        _SIZED.put(key, sized, tasks)
+    return sized
 
 
 def _schedule_with_in_flight(schedule: str, p: int, m: int, v: int) -> SizedSchedule:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from simulator.cost.communication import CommModel
 from simulator.cost.compute import ComputeModel
@@ -255,12 +255,13 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
     # Memory does not depend on grad_overlap, so the candidates that differ only in it need the same
     # recomputation: the second starts its search where the first one's ended (None: nothing ran or fitted).
     fitted: dict[tuple[int | None, int | None], int | None] = {}
+    folds: _FoldMemo = {}  # and the same programs (_pipeline_input)
     for index, candidate in enumerate(_candidates(model, plan)):
         twin = (candidate.micro_batch, candidate.vp)
         start = fitted.get(twin, 0)
         if start is None:
             continue  # its twin found no runnable or fitting recomputation; this one, with equal memory, neither
-        got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start)
+        got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start, folds)
         if isinstance(got, _Prepared):
             prepared.append((lower_bound(got.pipe), index, got))
             fitting = fitted[twin]
@@ -268,7 +269,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
                 # Selective and full recomputation trade memory for time differently (with a fused attention
                 # kernel selective saves little memory, yet costs the attention core again): the fewest fully
                 # recomputed layers that fit (the options after selective) compete too.
-                more, _ = _first_fitting_recompute(model, cluster, candidate, plan, fitting + 1)
+                more, _ = _first_fitting_recompute(model, cluster, candidate, plan, fitting + 1, folds)
                 if isinstance(more, _Prepared):
                     prepared.append((lower_bound(more.pipe), index, more))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
@@ -366,7 +367,12 @@ def _recompute_options(model: ModelSpec, candidate: PlanSpec) -> list[tuple[str,
 
 
 def _first_fitting_recompute(
-    model: ModelSpec, cluster: ClusterSpec, candidate: PlanSpec, original: PlanSpec, start: int = 0
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    candidate: PlanSpec,
+    original: PlanSpec,
+    start: int = 0,
+    fold_memo: _FoldMemo | None = None,
 ) -> tuple[StepResult | _Prepared | None, int | None]:
     """The candidate with the least recomputation that fits, prepared for the engine; else the last
     (infeasible) memory-only result, or None when no recompute setting gives a runnable plan. Also returns the
@@ -392,7 +398,16 @@ def _first_fitting_recompute(
         if layers is not None and original.recompute is None:
             chosen["recompute_layers"] = layers
         try:
-            got = _prepare(model, cluster, trial, False, chosen, memory_only_if_infeasible=True, sized=sized.get(trial))
+            got = _prepare(
+                model,
+                cluster,
+                trial,
+                False,
+                chosen,
+                memory_only_if_infeasible=True,
+                sized=sized.get(trial),
+                fold_memo=fold_memo,
+            )
         except InfeasiblePlanError:
             return last, None
         if isinstance(got, _Prepared):
@@ -436,6 +451,49 @@ def _fits(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, sized: dict[Pl
     except InfeasiblePlanError:
         return None
     return all(m.over <= 0 for m in got[-1])
+
+
+class _FoldedChunk(NamedTuple):
+    """A chunk's forward, backward and weight-gradient programs folded for the engine, the FLOPs they execute,
+    and the uncalibrated labels timing them raised (so that a plan reusing them reports the same)."""
+
+    fwd: FoldResult
+    bwd: FoldResult
+    wgt: FoldResult
+    flops: float
+    compute_labels: frozenset[str]
+    comm_labels: frozenset[str]
+
+
+# Per chunk (its blocks), and per plan of a search keyed by the plan without grad_overlap (_pipeline_input).
+_Folds = dict[tuple[tuple[str, int], ...], _FoldedChunk]
+_FoldMemo = dict[PlanSpec, _Folds]
+
+
+def _fold_chunk(
+    graph: ModelGraph,
+    layout: Layout,
+    blocks: tuple[tuple[str, int], ...],
+    compute: ComputeModel,
+    comm: CommModel,
+    slowdown: float,
+    host: float,
+    record: bool,
+) -> _FoldedChunk:
+    """Time and fold one chunk's programs (the models' uncalibrated sets gain its labels, as for any timing)."""
+    outer_compute, compute.uncalibrated = compute.uncalibrated, set()
+    outer_comm, comm.uncalibrated = comm.uncalibrated, set()
+    try:
+        programs = build_programs(graph, layout, blocks)
+        fwd, bwd, wgt = (
+            fold(_timed(p, compute, comm), slowdown, host_overhead_s=host, timeline=record) for p in programs
+        )
+        flops = sum(_program_flops(p, layout) for p in programs)
+        labels = frozenset(compute.uncalibrated), frozenset(comm.uncalibrated)
+    finally:
+        compute.uncalibrated = outer_compute | compute.uncalibrated
+        comm.uncalibrated = outer_comm | comm.uncalibrated
+    return _FoldedChunk(fwd, bwd, wgt, flops, *labels)
 
 
 # A plan's layout, graph, pipeline chunks, schedule orders and per-stage memory (_layout_memory).
@@ -495,11 +553,13 @@ def _prepare(
     *,
     memory_only_if_infeasible: bool = False,
     sized: _Sized | None = None,
+    fold_memo: _FoldMemo | None = None,
 ) -> StepResult | _Prepared:
     """Everything up to the engine: layout, graph, memory, schedule and the engine's input.
 
     Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``;
-    ``sized`` is the plan's :func:`_layout_memory` where the caller has it already.
+    ``sized`` is the plan's :func:`_layout_memory` where the caller has it already, ``fold_memo`` the search's
+    folded programs (:func:`_pipeline_input`).
     """
     layout, graph, chunks, orders, memory = sized if sized is not None else _layout_memory(model, cluster, plan)
     if plan.expert_tp is None and layout.experts_folded:
@@ -516,7 +576,9 @@ def _prepare(
     compute.uncalibrated.clear()
     comm.uncalibrated.clear()
     slowdown = _overlap_slowdown(cluster)
-    pipe, hw_flops_rank = _pipeline_input(graph, layout, chunks, orders, compute, comm, slowdown, cluster, record)
+    pipe, hw_flops_rank = _pipeline_input(
+        graph, layout, chunks, orders, compute, comm, slowdown, cluster, record, fold_memo
+    )
     labels = frozenset(compute.uncalibrated | comm.uncalibrated)
     return _Prepared(plan, layout, graph, memory, reason, chosen, pipe, hw_flops_rank, labels)
 
@@ -553,7 +615,11 @@ def _pipeline_input(
     slowdown: float,
     cluster: ClusterSpec,
     record: bool,
+    fold_memo: _FoldMemo | None = None,
 ) -> tuple[PipelineInput, float]:
+    """The engine's input for a sized plan, and the FLOPs one rank executes. ``fold_memo`` (one free-knob search)
+    shares the folded chunk programs between plans that differ only in ``grad_overlap``, which the programs do
+    not depend on: it shapes only how the engine overlaps the gradient reduction."""
     plan = layout.plan
     m = layout.num_micro_batches
     grad_b = plan.grad_bytes
@@ -562,7 +628,9 @@ def _pipeline_input(
     hw_flops = 0.0
     bucket_params = max(BUCKET_PARAMS_MIN, BUCKET_PARAMS_PER_DP * layout.dp.size)
     host = _launch_overhead(cluster)
-    folds: dict[tuple[tuple[str, int], ...], tuple[FoldResult, FoldResult, FoldResult, float]] = {}
+    folds: _Folds = {}
+    if fold_memo is not None and not record:  # a timeline is recorded for the one plan that asks for it, alone
+        folds = fold_memo.setdefault(replace(plan, grad_overlap=None), {})
     for s, stage_chunks in enumerate(chunks):
         fwd: list[FoldResult] = []
         bwd: list[FoldResult] = []
@@ -570,20 +638,19 @@ def _pipeline_input(
         buckets: list[tuple[float, ...]] = []
         local_dense = local_expert = 0.0
         for chunk in stage_chunks:
-            cached = folds.get(chunk.blocks)
-            if cached is None:
-                f_prog, b_prog, w_prog = build_programs(graph, layout, chunk.blocks)
-                cached = (
-                    fold(_timed(f_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
-                    fold(_timed(b_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
-                    fold(_timed(w_prog, compute, comm), slowdown, host_overhead_s=host, timeline=record),
-                    _program_flops(f_prog, layout) + _program_flops(b_prog, layout) + _program_flops(w_prog, layout),
+            folded = folds.get(chunk.blocks)
+            if folded is None:
+                folded = folds[chunk.blocks] = _fold_chunk(
+                    graph, layout, chunk.blocks, compute, comm, slowdown, host, record
                 )
-                folds[chunk.blocks] = cached
-            fwd.append(cached[0])
-            bwd.append(cached[1])
-            wgt.append(cached[2])
-            hw_flops += cached[3] * m
+            else:
+                # Timed for an earlier plan: its uncalibrated labels count for this one too.
+                compute.uncalibrated.update(folded.compute_labels)
+                comm.uncalibrated.update(folded.comm_labels)
+            fwd.append(folded.fwd)
+            bwd.append(folded.bwd)
+            wgt.append(folded.wgt)
+            hw_flops += folded.flops * m
             dense, expert = chunk_params(graph, layout, chunk)
             local_dense += dense
             local_expert += expert

@@ -486,3 +486,25 @@ def test_a_result_states_the_plan_that_ran_and_running_it_again_gives_the_same_a
     again = simulate(model, cluster, r.plan)
     assert again.step_time_s == r.step_time_s
     assert again.plan == r.plan
+
+
+def test_a_search_shares_folded_programs_between_grad_overlap_twins_with_their_labels() -> None:
+    """The free-knob search times a chunk's programs once for the two plans that differ only in grad_overlap
+    (which the programs do not depend on); the second plan gets the same engine input and reports the same
+    uncalibrated ops as when prepared on its own (B200: every compute class runs on default curves)."""
+    from simulator import run
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-b200")
+    base = PlanSpec(tp=2, pp=2, dp=2, global_batch=16, micro_batch=1, vp=1, recompute="none", seq_len=2048)
+    memo: run._FoldMemo = {}
+    first = run._prepare(model, cluster, base.with_(grad_overlap=True), False, {}, fold_memo=memo)
+    shared = run._prepare(model, cluster, base.with_(grad_overlap=False), False, {}, fold_memo=memo)
+    alone = run._prepare(model, cluster, base.with_(grad_overlap=False), False, {})
+    assert isinstance(first, run._Prepared)
+    assert isinstance(shared, run._Prepared)
+    assert isinstance(alone, run._Prepared)
+    assert len(memo) == 1  # one entry for both twins
+    assert shared.pipe.stages[0].fwd[0] is first.pipe.stages[0].fwd[0]  # reused, not timed again
+    assert shared.pipe == alone.pipe
+    assert shared.uncalibrated == alone.uncalibrated
+    assert any(label.startswith("gemm") for label in shared.uncalibrated)

@@ -255,7 +255,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
     # Memory does not depend on grad_overlap, so the candidates that differ only in it need the same
     # recomputation: the second starts its search where the first one's ended (None: nothing ran or fitted).
     fitted: dict[tuple[int | None, int | None], int | None] = {}
-    folds: _FoldMemo = {}  # and the same programs (_pipeline_input)
+    folds: _FoldMemo = {}  # They also run the same programs, timed once for both (_pipeline_input).
     for index, candidate in enumerate(_candidates(model, plan)):
         twin = (candidate.micro_batch, candidate.vp)
         start = fitted.get(twin, 0)

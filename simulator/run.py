@@ -29,7 +29,6 @@ from simulator.parallel.program import (
     Comm,
     Program,
     build_programs,
-    chunk_params,
     expert_load,
     param_all_gathers,
     stage_params,
@@ -636,7 +635,8 @@ def _pipeline_input(
         bwd: list[FoldResult] = []
         wgt: list[FoldResult] = []
         buckets: list[tuple[float, ...]] = []
-        local_dense = local_expert = 0.0
+        # Per chunk: (dense, expert, FP8 dense, FP8 expert) local parameters (stage_params).
+        params: list[tuple[float, float, float, float]] = []
         for chunk in stage_chunks:
             folded = folds.get(chunk.blocks)
             if folded is None:
@@ -651,10 +651,10 @@ def _pipeline_input(
             bwd.append(folded.bwd)
             wgt.append(folded.wgt)
             hw_flops += folded.flops * m
-            dense, expert = chunk_params(graph, layout, chunk)
-            local_dense += dense
-            local_expert += expert
+            params.append(stage_params(graph, layout, (chunk,)))
+            dense, expert, _, _ = params[-1]
             buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_params) if zero < 3 else ())
+        local_dense, local_expert, fp8_dense, fp8_expert = (sum(p[i] for p in params) for i in range(4))
         local_params = local_dense + local_expert
         # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer of dense parameters over dp and
         # of the routed experts' over the expert-data-parallel group, as cost.memory counts it); the gradient
@@ -666,11 +666,10 @@ def _pipeline_input(
         if zero in (1, 2):
             # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
             # (FP8 layers' weights in 1 byte with fp8_param.)
-            _, _, fp8_dense, fp8_expert = stage_params(graph, layout, stage_chunks)
             gathers = param_all_gathers(local_dense, local_expert, layout, "step", (fp8_dense, fp8_expert))
             param_gather_s = sum(comm.time(c) for c in gathers)
             if layout.grad_overlap:
-                prefetch_s = _first_param_bucket_s(graph, layout, comm, stage_chunks[0], bucket_params)
+                prefetch_s = _first_param_bucket_s(layout, comm, params[0], bucket_params)
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size
@@ -760,15 +759,16 @@ def _bucket_count(params: float, bucket_params: int) -> int:
 
 
 def _first_param_bucket_s(
-    graph: ModelGraph, layout: Layout, comm: CommModel, first: Chunk, bucket_params: int
+    layout: Layout, comm: CommModel, first: tuple[float, float, float, float], bucket_params: int
 ) -> float:
     """Seconds to all-gather the first parameter bucket of a stage's first chunk under ZeRO-1/2, the part of an
-    overlapped gather its first forward waits for. Megatron-Core gathers the updated parameters bucket by bucket,
-    the same buckets the gradients were reduced in, each waited for in the forward pre-hook of the first layer
-    that uses it while the next one is dispatched (``overlap_param_gather``; ``distributed_data_parallel.py``,
+    overlapped gather its first forward waits for; ``first`` is that chunk's (dense, expert, FP8 dense, FP8 expert)
+    local parameters (:func:`stage_params`). Megatron-Core gathers the updated parameters bucket by bucket, the
+    same buckets the gradients were reduced in, each waited for in the forward pre-hook of the first layer that
+    uses it while the next one is dispatched (``overlap_param_gather``; ``distributed_data_parallel.py``,
     ``param_and_grad_buffer.py``): the first bucket has nothing to hide behind. The dense and expert buffers are
     bucketed, and gathered, separately."""
-    dense, expert, fp8_dense, fp8_expert = stage_params(graph, layout, (first,))
+    dense, expert, fp8_dense, fp8_expert = first
     n_dense = _bucket_count(dense, bucket_params)
     n_expert = _bucket_count(expert, bucket_params)
     gathers = param_all_gathers(

@@ -139,16 +139,6 @@ class _Stage:
         self.busy_until = 0.0
 
 
-def _wait(env: simpy.Environment, stage: _Stage, arrival: simpy.Event, sent_at: dict[int, float], key: int):  # type: ignore[no-untyped-def]
-    """Wait for an arrival; split the wait into bubble (before the data left) and PP transfer time."""
-    t0 = env.now
-    yield arrival
-    t1 = env.now
-    left = sent_at.get(key, t0)
-    stage.pp += t1 - max(t0, left)
-    stage.bubble += max(0.0, min(left, t1) - t0)
-
-
 def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     """Run the step and return its times.
 
@@ -189,10 +179,11 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 return (0, "B", t.mb, t.chunk + 1)
         return None
 
-    # Links: one process per (sender stage, direction), walking transfers in the sender's task order.
-    def link(s: int, kind: str) -> simpy.events.ProcessGenerator:
-        st = inp.stages[s]
-        for t in st.order:
+    # Links: one process per (sender stage, direction), walking transfers in the sender's task order. What
+    # each transfer needs (its events, length and NIC sharing) is looked up once, before the run.
+    def transfers(s: int, kind: str) -> list[tuple[simpy.Event, simpy.Event, int, float, bool, str]]:
+        out = []
+        for t in inp.stages[s].order:
             if t.kind != kind:
                 continue
             if kind == "F":
@@ -200,26 +191,31 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                     continue
                 dest = ((s + 1) % p, "F", t.mb, t.chunk + (1 if s == p - 1 else 0))
                 duration = inp.send_fwd_s[s]
+                hop = s
             else:
                 if s == 0 and t.chunk == 0:
                     continue
                 dest = ((s - 1) % p, "B", t.mb, t.chunk - (1 if s == 0 else 0))
                 duration = inp.send_bwd_s[(s - 1) % p]
-            ev = done[(s, kind, t.mb, t.chunk)]
+                hop = (s - 1) % p
+            shared = bool(duration > 0 and inp.hop_network and inp.hop_network[hop])
+            label = f"{kind}{t.mb}.{t.chunk}"
+            out.append((done[(s, kind, t.mb, t.chunk)], arrive[dest], dest[0], duration, shared, label))
+        return out
+
+    def link(s: int, kind: str) -> simpy.events.ProcessGenerator:
+        name = f"send_{'fwd' if kind == 'F' else 'bwd'}"
+        for ev, arrival, dest_stage, nominal, shared, label in transfers(s, kind):
             if not ev.triggered:
                 yield ev
-            sent_at[id(arrive[dest])] = env.now
-            hop = s if kind == "F" else (s - 1) % p
-            if duration > 0 and inp.hop_network and inp.hop_network[hop]:
-                duration += _share_nics(env.now, duration, (s, dest[0]), dp_free)
+            sent_at[id(arrival)] = env.now
+            duration = nominal + _share_nics(env.now, nominal, s, dest_stage, dp_free) if shared else nominal
             if duration > 0:
                 start = env.now
                 yield env.timeout(duration)
                 if record:
-                    rows.append(
-                        (s, f"send_{'fwd' if kind == 'F' else 'bwd'}", f"{kind}{t.mb}.{t.chunk}", start, env.now)
-                    )
-            arrive[dest].succeed()
+                    rows.append((s, name, label, start, env.now))
+            arrival.succeed()
 
     # When each stage's DP stream will have reduced every bucket handed to it so far; a network transfer
     # that shares the stage's NICs pushes it back (see _share_nics).
@@ -237,7 +233,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         until, fraction = cp_window[stage]
         return min(duration, max(until - begin, 0.0)) * fraction
 
-    def _share_nics(now: float, duration: float, ends: tuple[int, int], busy: list[float]) -> float:
+    def _share_nics(now: float, duration: float, sender: int, receiver: int, busy: list[float]) -> float:
         """Extra time of a pipeline transfer sharing NICs with gradient reduction or the CP ring in flight.
 
         Two flows on one NIC share it fairly: while both run each gets half the bandwidth, so the transfer
@@ -247,7 +243,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         approximation: the ring is mostly hidden behind attention compute).
         """
         extra = 0.0
-        for stage in set(ends):
+        for stage in (sender,) if sender == receiver else (sender, receiver):
             shared = 0.0
             if dp_on_network[stage]:
                 shared = min(duration, max(busy[stage] - now, 0.0))
@@ -286,16 +282,27 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         # The first bucket of the overlapped parameter gather starts with the step; the first task waits for it
         # (after its own input, which the pipeline fill makes the longer wait on every stage but the first).
         prefetch = st.param_prefetch_s if inp.grad_overlap else 0.0
+        # What each task waits for and runs, looked up once before the run: a backward needs its forward and a
+        # weight gradient its backward on this stage (None where the schedule lacks it), and a task whose input
+        # comes from another stage waits for its arrival.
+        tasks = []
         for t in st.order:
-            if t.kind != "F":
-                # Same-stage dependency: a backward needs its forward, a weight gradient its backward.
-                own = done.get((s, "F" if t.kind == "B" else "B", t.mb, t.chunk))
-                if own is None or not own.triggered:
-                    break  # a schedule that runs a task before its prerequisite: reported as a deadlock
-            if source(s, t) is not None:
-                ev = arrive[(s, t.kind, t.mb, t.chunk)]
-                if not ev.triggered:
-                    yield from _wait(env, a, ev, sent_at, id(ev))
+            own = done.get((s, "F" if t.kind == "B" else "B", t.mb, t.chunk)) if t.kind != "F" else None
+            arrival = arrive[(s, t.kind, t.mb, t.chunk)] if source(s, t) is not None else None
+            res = st.fwd[t.chunk] if t.kind == "F" else st.bwd[t.chunk] if t.kind == "B" else st.wgt[t.chunk]
+            buckets = st.dp_buckets[t.chunk] if last_bwd[s].get(t.chunk) == t else ()
+            tasks.append((t, t.kind != "F", own, arrival, res, buckets, done[(s, t.kind, t.mb, t.chunk)]))
+        for t, needs_own, own, arrival, res, buckets, finished in tasks:
+            if needs_own and (own is None or not own.triggered):
+                break  # a schedule that runs a task before its prerequisite: reported as a deadlock
+            if arrival is not None and not arrival.triggered:
+                # Split the wait into bubble (before the data left) and pipeline transfer time.
+                t0 = env.now
+                yield arrival
+                t1 = env.now
+                left = sent_at.get(id(arrival), t0)
+                a.pp += t1 - max(t0, left)
+                a.bubble += max(0.0, min(left, t1) - t0)
             if prefetch > 0:
                 if env.now < prefetch:
                     a.dp += prefetch - env.now
@@ -303,12 +310,10 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 if record:
                     rows.append((s, "dp", "param_all_gather.first_bucket", 0.0, prefetch))
                 prefetch = 0.0
-            res = st.fwd[t.chunk] if t.kind == "F" else st.bwd[t.chunk] if t.kind == "B" else st.wgt[t.chunk]
             start = env.now
             if cp_on_network[s] and res.duration_s > 0:
                 cp_busy = dict(res.comm_s).get("cp", 0.0)
                 cp_window[s] = (start + res.duration_s, min(cp_busy / res.duration_s, 1.0))
-            buckets = st.dp_buckets[t.chunk] if last_bwd[s].get(t.chunk) == t else ()
             if buckets and inp.grad_overlap:
                 # One piece per bucket; each piece frees its bucket, later pieces overlap the reduction and
                 # are slowed for as long as a bucket is actually being reduced beside them.
@@ -331,7 +336,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 a.exposed[kind] = a.exposed.get(kind, 0.0) + sec
             if record:
                 rows.append((s, "compute", f"{t.kind}{t.mb}.{t.chunk}", start, env.now))
-            done[(s, t.kind, t.mb, t.chunk)].succeed()
+            finished.succeed()
         # Gradient reduction must finish before the optimizer step.
         compute_end = env.now
         for b in deferred:

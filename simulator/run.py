@@ -287,9 +287,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
             best = result
     chosen = best or fallback
     if chosen is None:
-        raise InfeasiblePlanError(
-            "no value of the free knobs gives a runnable plan: " + _first_structural_error(model, cluster, plan)
-        )
+        raise InfeasiblePlanError(_structural_error(model, cluster, plan))
     if record:
         chosen = _run(model, cluster, chosen.plan, True, chosen.chosen)
     return chosen
@@ -302,13 +300,16 @@ def _check_precision(cluster: ClusterSpec, plan: PlanSpec) -> None:
         )
 
 
-def _first_structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> str:
+def _structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> str:
+    """Why no candidate of ``plan`` can run: the rule every candidate breaks, said as the plan's own when the
+    free knobs do not matter to it (``'tp' must divide 'heads'``), else the first candidate's."""
     candidates = _candidates(model, plan)
     if not candidates:
         # Every value of the free knobs was left out before sizing (interleaving with micro-batches that are not
         # a multiple of pp): say why for the smallest of them.
         vp = plan.vp or (2 if _schedule(plan) == "interleaved" else 1)
         candidates = [replace(plan, micro_batch=plan.micro_batch or 1, vp=vp, grad_overlap=plan.grad_overlap or False)]
+    reasons: list[str] = []
     for candidate in candidates:
         trial = replace(candidate, recompute=candidate.recompute or "full")
         try:
@@ -317,8 +318,10 @@ def _first_structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSp
                 _schedule(trial), trial.pp, trial.global_batch // (trial.dp * (trial.micro_batch or 1)), trial.vp or 1
             )
         except InfeasiblePlanError as err:
-            return str(err)
-    return "no candidate"
+            reasons.append(str(err))
+    if reasons and len(reasons) == len(candidates) and len(set(reasons)) == 1:
+        return f"the plan cannot run, whatever its free knobs: {reasons[0]}"
+    return f"no value of the free knobs gives a runnable plan: {reasons[0] if reasons else 'no candidate'}"
 
 
 def _schedule(plan: PlanSpec) -> str:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -215,17 +216,37 @@ def _cell(row: pd.Series, col: str) -> Any:
     return value
 
 
+# A number as a CSV cell writes one: ASCII digits, an optional sign, point and exponent. Python's float() also
+# takes "1_000", "inf" and other scripts' digits, which in a measured-runs file are typing errors.
+_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is written as a plain decimal number, else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    return float(text) if _NUMBER.fullmatch(text) else None
+
+
 def _int(row: pd.Series, col: str, where: str, default: int | None = None) -> int | None:
     value = _cell(row, col)
     if value is None:
         return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise SpecError(f"{where}: {col}", f"must be a whole number, got {value!r}", "fix the cell") from None
-    if not number.is_integer():
+    number = _number(value)
+    if number is None or not math.isfinite(number) or not number.is_integer():
         raise SpecError(f"{where}: {col}", f"must be a whole number, got {value!r}", "fix the cell")
     return int(number)
+
+
+def _positive_or_none(row: pd.Series, col: str, where: str, empty_means: str) -> int | None:
+    """An optional count: None when empty, else a whole number >= 1 (0 is not "unset" in a CSV cell)."""
+    value = _int(row, col, where)
+    if value is not None and value < 1:
+        raise SpecError(
+            f"{where}: {col}", f"must be >= 1, got {value}", f"fix the cell, or leave it empty for {empty_means}"
+        )
+    return value
 
 
 def _int_or_none(row: pd.Series, col: str, where: str) -> int | None:
@@ -261,10 +282,8 @@ def _measured(row: pd.Series, where: str) -> tuple[float, SpecError | None]:
     value = _cell(row, "measured_step_time_s")
     if value is None:
         return math.nan, None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = math.nan
+    number = _number(value)
+    seconds = math.nan if number is None else number
     if math.isfinite(seconds) and seconds > 0:
         return seconds, None
     return math.nan, SpecError(
@@ -274,34 +293,44 @@ def _measured(row: pd.Series, where: str) -> tuple[float, SpecError | None]:
     )
 
 
+# The model fields whose CSV column has another name (the others are named alike).
+_MODEL_COLUMNS = {"name": "model", "top_k": "experts_topk", "expert_ffn_hidden": "ffn_hidden"}
+
+
 def row_model(row: pd.Series, where: str) -> ModelSpec:
     """The model a validation row describes (see the module docstring for unstated choices)."""
+    arch = _cell(row, "arch")
+    if arch is not None and str(arch).lower() not in ("dense", "moe"):
+        raise SpecError(
+            f"{where}: arch", f"must be dense or moe, got {arch!r}", "fix the cell (data/validation/README.md)"
+        )
     gated = bool(_bool(row, "gated_mlp", where))
     experts = _int(row, "num_experts", where)
-    moe = None
-    if str(_cell(row, "arch") or "dense").lower() == "moe" or (experts or 0) > 1:
-        if not experts:
-            raise SpecError(f"{where}: num_experts", "is required for a MoE row", "fill num_experts")
-        try:
-            moe = MoESpec(
-                num_experts=experts,
-                top_k=_int(row, "experts_topk", where, 2) or 2,
-                expert_ffn_hidden=_required_int(row, "ffn_hidden", where),
-            )
-        except SpecError as err:  # named by the row's own columns
-            column = {"top_k": "experts_topk", "expert_ffn_hidden": "ffn_hidden"}.get(err.where, err.where)
-            raise SpecError(f"{where}: {column}", err.what, err.fix) from None
+    # Every cell is read first, so that a bad one is named once, by its column.
     heads = _required_int(row, "heads", where)
+    layers = _required_int(row, "layers", where)
+    hidden = _required_int(row, "hidden", where)
+    ffn_hidden = _required_int(row, "ffn_hidden", where)
+    vocab = _required_int(row, "vocab", where)
+    seq_len = _required_int(row, "seq_len", where)
+    kv_heads = _positive_or_none(row, "kv_heads", where, "as many as heads")
+    head_dim = _positive_or_none(row, "head_dim", where, "hidden / heads")
+    top_k = _int(row, "experts_topk", where, 2)
     try:
+        moe = None
+        if str(arch or "dense").lower() == "moe" or (experts or 0) > 1:
+            if not experts:
+                raise SpecError("num_experts", "is required for a MoE row", "fill num_experts")
+            moe = MoESpec(num_experts=experts, top_k=2 if top_k is None else top_k, expert_ffn_hidden=ffn_hidden)
         return ModelSpec(
             name=str(_cell(row, "model") or "model"),
-            layers=_required_int(row, "layers", where),
-            hidden=_required_int(row, "hidden", where),
+            layers=layers,
+            hidden=hidden,
             heads=heads,
-            kv_heads=_int(row, "kv_heads", where, heads) or heads,
-            head_dim=_int(row, "head_dim", where, 0) or 0,
-            ffn_hidden=_required_int(row, "ffn_hidden", where),
-            vocab=_required_int(row, "vocab", where),
+            kv_heads=kv_heads or heads,
+            head_dim=head_dim or 0,
+            ffn_hidden=ffn_hidden,
+            vocab=vocab,
             gated_mlp=gated,
             activation="swiglu" if gated else "gelu",
             norm="rmsnorm" if gated else "layernorm",
@@ -309,15 +338,25 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
             position_embedding="rope" if gated else "learned",
             bias=not gated,
             dropout=not gated,
-            seq_len=_required_int(row, "seq_len", where),
+            seq_len=seq_len,
             moe=moe,
         )
-    except SpecError as err:
-        raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
+    except SpecError as err:  # a rule of the model spec, named by the row's own columns
+        fix = err.fix
+        for name, column in _MODEL_COLUMNS.items():
+            fix = re.sub(rf"\b{name}\b", column, fix)
+        raise SpecError(f"{where}: {_MODEL_COLUMNS.get(err.where, err.where)}", err.what, fix) from None
+
+
+# Plan columns the contract requires: an empty cell is a gap in the row, not a knob left free.
+_REQUIRED_PLAN_CELLS = ("num_gpus", "tp", "pp", "dp", "global_batch", "precision")
 
 
 def row_plan(row: pd.Series, where: str) -> PlanSpec:
     """The plan a validation row describes; empty plan cells stay free."""
+    for col in _REQUIRED_PLAN_CELLS:
+        if _cell(row, col) is None:
+            raise SpecError(f"{where}: {col}", "is empty", f"fill {col}: it is required (data/validation/README.md)")
     data: dict[str, Any] = {}
     for col in ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "zero_stage", "seq_len"):
         value = _int(row, col, where)
@@ -338,11 +377,11 @@ def row_plan(row: pd.Series, where: str) -> PlanSpec:
 def row_cluster(row: pd.Series, where: str, cache: dict[tuple[str, int | None], ClusterSpec]) -> ClusterSpec:
     """The row's cluster, with ``nics_per_node`` overridden when the row sets it."""
     name = str(_cell(row, "cluster") or "")
-    nics = _int(row, "nics_per_node", where)
+    nics = _positive_or_none(row, "nics_per_node", where, "the cluster profile's own count")
     key = (name, nics)
     if key not in cache:
         try:
-            cache[key] = load_cluster(name, {"nics_per_node": nics} if nics else None)
+            cache[key] = load_cluster(name, {"nics_per_node": nics} if nics is not None else None)
         except SpecError as err:
             raise SpecError(f"{where}: cluster", f"{err.where}: {err.what}", err.fix) from None
     return cache[key]
@@ -390,9 +429,18 @@ def simulate_row(
 
 
 def validate_frame(
-    frame: pd.DataFrame, source: str, *, strict: bool = False, stacks: tuple[Stack, ...] = ()
+    frame: pd.DataFrame,
+    source: str,
+    *,
+    strict: bool = False,
+    stacks: tuple[Stack, ...] = (),
+    lines: list[int] | None = None,
 ) -> ValidationReport:
-    """Predict every row of ``frame``; rows that cannot be simulated are reported with their reason."""
+    """Predict every row of ``frame``; rows that cannot be simulated are reported with their reason.
+
+    ``lines`` gives each row's line in the file (where blank lines or quoted line breaks come before it);
+    without it, row i is named as line i + 2, under the header.
+    """
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         found = [str(c) for c in frame.columns]
@@ -404,8 +452,9 @@ def validate_frame(
         )
     report = ValidationReport(source=source)
     clusters: dict[tuple[str, int | None], ClusterSpec] = {}
-    for i, row in frame.iterrows():
-        where = f"{source}: row {int(str(i)) + 2} ({_cell(row, 'run_id')})"
+    for position, (_, row) in enumerate(frame.iterrows()):
+        line = lines[position] if lines is not None and len(lines) == len(frame) else position + 2
+        where = f"{source}: line {line} ({_cell(row, 'run_id') or 'no run_id'})"
         measured, bad_measure = _measured(row, where)
         entry: dict[str, Any] = {
             "run_id": str(_cell(row, "run_id") or ""),
@@ -429,7 +478,14 @@ def validate_frame(
             matching = [st for st in stacks if st.match in row_source and st.model in row_name]
             if matching:
                 stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}
-                plan, entry["stack_knobs"] = _apply_stacks(plan, matching, stated)
+                try:
+                    plan, entry["stack_knobs"] = _apply_stacks(plan, matching, stated)
+                except SpecError as err:  # the row's cells and its stack's knobs contradict each other
+                    raise SpecError(
+                        f"{where}: {err.where} (set by software stack {matching[0].name!r})",
+                        err.what,
+                        f"{err.fix}, in the row or in the stack entry; or validate with --no-stacks",
+                    ) from None
                 entry["stack"] = matching[0].name
             result, adjusted = simulate_row(model, cluster, plan, strict=strict)
             predicted = result.step_time_s if result.feasible else math.nan
@@ -445,13 +501,15 @@ def validate_frame(
                 uncalibrated=sorted(result.uncalibrated_ops),
             )
         except (InfeasiblePlanError, SpecError) as err:
+            # Every reason names its file and line; a rule checked deeper down (the plan's own) may not.
+            reason = str(err) if str(err).startswith(f"{source}: ") else f"{where}: {err}"
             entry.update(
                 adjusted={},
                 predicted_step_time_s=math.nan,
                 error=math.nan,
                 feasible=False,
                 invalid=isinstance(err, SpecError),
-                reason=str(err),
+                reason=reason,
                 chosen={},
                 mfu=math.nan,
                 uncalibrated=[],
@@ -485,11 +543,48 @@ def _long_row(path: Path, sep: str) -> str:
     return f"a row has more fields than the header's {width}"
 
 
+def _width(line: str) -> int:
+    """How many fields ``line`` has when it is split at commas."""
+    return len(next(csv.reader([line]), []))
+
+
+def _records(path: Path, sep: str) -> tuple[list[str], list[int]]:
+    """The header's names and the line each non-blank record starts on (as pandas reads them: blank lines
+    skipped, a quoted line break kept inside its cell). Raises SpecError for a file whose header and rows use
+    different separators."""
+    try:
+        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
+            reader = csv.reader(f, delimiter=sep)
+            header = next(reader, [])
+            starts: list[int] = []
+            begin = reader.line_num + 1
+            for record in reader:
+                if record:
+                    if sep != "," and len(record) < len(header) and _width(sep.join(record)) >= len(header):
+                        raise SpecError(
+                            str(path),
+                            f"the header is separated by {sep!r} but line {begin} by ','",
+                            "use one separator throughout the file",
+                        )
+                    starts.append(begin)
+                begin = reader.line_num + 1
+    except (OSError, csv.Error):
+        return [], []  # read_csv reports what is wrong with the file
+    return header, starts
+
+
 def validate_file(
     path: Path, *, strict: bool = False, stacks_file: Path | None = None, use_stacks: bool = True
 ) -> ValidationReport:
     """Read a validation CSV and predict every row."""
     sep = _separator(path)
+    header, lines = _records(path, sep) if path.is_file() else ([], [])
+    # Hand-edited headers ("run_id , model", "Run_ID") name the same columns; pandas would rename a repeated
+    # name ("tp.1") before the check below could see it.
+    names = [str(c).strip().lower() for c in header]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
+    if twice:
+        raise SpecError(str(path), f"names column(s) {', '.join(twice)} more than once", "keep one of each")
     try:
         with warnings.catch_warnings():
             # Rows longer than the header would otherwise turn the first column(s) into the index, silently.
@@ -508,6 +603,9 @@ def validate_file(
         ) from None
     except pd.errors.EmptyDataError:
         raise SpecError(str(path), "is empty", "give a CSV with a header row") from None
+    except OSError as err:
+        reason = err.strerror or err.__class__.__name__
+        raise SpecError(str(path), f"cannot be read ({reason})", "check the path and its permissions") from None
     if frame.empty:
         raise SpecError(str(path), "has a header but no rows", "add one measured run per line below the header")
     # Hand-edited headers ("run_id , model", "Run_ID") name the same columns.
@@ -523,7 +621,7 @@ def validate_file(
         chosen = stacks_file or default_stacks_file(path)
         if chosen is not None:
             stacks = load_stacks(chosen)
-    return validate_frame(frame, str(path), strict=strict, stacks=stacks)
+    return validate_frame(frame, str(path), strict=strict, stacks=stacks, lines=lines)
 
 
 def _stats(errors: list[float]) -> dict[str, Any]:
@@ -624,10 +722,11 @@ def format_report(report: ValidationReport, fmt: str) -> str:
             note += " | adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items())
         meas = r["measured_step_time_s"]
         gpus = "?" if r["num_gpus"] is None else r["num_gpus"]
+        run_id, model, cluster = (_one_line(r[k]) for k in ("run_id", "model", "cluster"))
         lines.append(
-            f"{r['run_id']:<18}{r['model'][:27]:<28}{r['cluster']:<14}{gpus:>6}"
+            f"{run_id:<18}{model[:27]:<28}{cluster:<14}{gpus:>6}"
             f"{'' if math.isnan(meas) else f'{meas:.4g}':>11}{'' if math.isnan(pred) else f'{pred:.4g}':>11}"
-            f"{'' if math.isnan(err) else f'{err * 100:+.1f}%':>9}  {note}"
+            f"{'' if math.isnan(err) else f'{err * 100:+.1f}%':>9}  {_one_line(note)}"
         )
     s = report.summary
     lines.append("")
@@ -653,6 +752,11 @@ def format_report(report: ValidationReport, fmt: str) -> str:
                 + (f"  invalid {st['invalid']}" if st.get("invalid") else "")
             )
     return "\n".join(lines)
+
+
+def _one_line(text: str) -> str:
+    """A cell for the table: line breaks inside a quoted CSV cell would break the table's rows."""
+    return " ".join(text.splitlines()) if "\n" in text or "\r" in text else text
 
 
 def _pct(x: float | None) -> str:

@@ -214,6 +214,16 @@ BAD_CSVS = {
         lambda rows: [rows[0] + ",Model"] + [r + ",x" for r in rows[1:]],
         ["names column(s) model more than once", "keep one"],
     ),
+    # Found by trying: pandas renamed an exactly repeated name to "tp.1" and the first tp silently won.
+    "same-name-twice": (
+        lambda rows: [rows[0] + ",tp"] + [r + ",8" for r in rows[1:]],
+        ["names column(s) tp more than once", "keep one"],
+    ),
+    # Found by trying: a ';' header over ',' rows gave every row an invalid reason quoting the whole line.
+    "header-semicolons-rows-commas": (
+        lambda rows: [rows[0].replace(",", ";"), *rows[1:]],
+        ["the header is separated by ';' but line 2 by ','", "one separator"],
+    ),
 }
 
 
@@ -465,7 +475,7 @@ def test_validate_reports_every_row_and_exits_2_when_a_cell_is_bad(
     path.write_text(out_csv.getvalue())
     assert main(["validate", str(path), "--no-stacks"]) == 2
     captured = capsys.readouterr()
-    assert "row 3 (" in captured.out
+    assert "line 3 (" in captured.out
     assert "measured_step_time_s: must be a number of seconds > 0, got 'fast'" in captured.out
     assert "predicted 1, infeasible 0, invalid 1" in captured.out
     assert "1 row(s) could not be read" in captured.err
@@ -481,3 +491,36 @@ def test_an_output_that_cannot_be_written_is_bad_input(tmp_path: Path, capsys: p
     code = main(["calibrate", "import-vidur", str(net / "all_reduce.csv"), "--out", str(blocker / "rows.csv")])
     assert code == 2
     _check_message(capsys.readouterr().err, [str(blocker), "cannot be read or written", "check the path"])
+
+
+def test_validate_names_the_file_line_of_a_bad_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by trying: after blank lines (or a quoted line break) the reported row number was not the line of
+    the file the row is on. A cell with a line break stays on one line of the table."""
+    rows = list(csv.reader(io.StringIO("\n".join(_first_runs(2)))))
+    header = rows[0]
+    rows[1][header.index("model")] = "GPT\n1.7B"
+    rows[2][header.index("layers")] = "abc"
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerow(rows[1])  # lines 2-3: a quoted line break
+    out.write("\n\n")  # lines 4-5: blank
+    writer.writerow(rows[2])  # line 6
+    path = tmp_path / "gaps.csv"
+    path.write_text(out.getvalue())
+    assert main(["validate", str(path), "--no-stacks"]) == 2
+    table = capsys.readouterr().out
+    assert f"gaps.csv: line 6 ({rows[2][0]}): layers: must be a whole number, got 'abc'; fix the cell" in table
+    assert "GPT 1.7B" in table
+    assert main(["validate", str(path), "--no-stacks", "--format", "json"]) == 2
+    reasons = [r["reason"] for r in json.loads(capsys.readouterr().out)["rows"]]
+    assert reasons[1].count("gaps.csv") == 1  # named once, not once per layer of the reader
+
+
+def test_validate_names_a_file_that_cannot_be_read(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by trying: a read error without a file name (an I/O error) printed 'a file' instead of the path."""
+    mem = Path("/proc/self/mem")
+    if not mem.exists():
+        pytest.skip("needs /proc")
+    assert main(["validate", str(mem)]) == 2
+    assert capsys.readouterr().err.startswith("error: /proc/self/mem: cannot be read (")

@@ -102,7 +102,7 @@ def test_every_row_gets_an_answer_whatever_its_cells_hold(changes: list[tuple[st
     assert not good["invalid"]
     if row["invalid"]:
         assert not row["feasible"]
-        assert row["reason"].startswith("fuzz.csv: row 3 (bad): ")
+        assert row["reason"].startswith("fuzz.csv: line 3 (bad): ")
     elif row["feasible"]:
         assert math.isfinite(row["predicted_step_time_s"])
         assert row["predicted_step_time_s"] > 0

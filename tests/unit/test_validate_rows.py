@@ -197,7 +197,7 @@ def test_a_bad_measured_time_makes_the_row_invalid_not_infeasible(value: str) ->
     assert not good["invalid"]
     assert not bad["feasible"]
     assert bad["invalid"]
-    assert "row 3 (r2): measured_step_time_s" in bad["reason"]
+    assert "line 3 (r2): measured_step_time_s" in bad["reason"]
     assert repr(value) in bad["reason"]
     s = report.summary
     assert (s["predicted"], s["infeasible"], s["invalid"], s["unmeasured"]) == (1, 0, 1, 0)
@@ -224,7 +224,7 @@ def test_an_empty_architecture_cell_makes_the_row_invalid_and_names_the_cell(col
     assert good["feasible"]
     assert bad["invalid"]
     assert not bad["feasible"]
-    assert f"row 3 (r2): {column}" in bad["reason"]
+    assert f"line 3 (r2): {column}" in bad["reason"]
     assert "is empty" in bad["reason"]
     assert report.summary["invalid"] == 1
 
@@ -237,7 +237,7 @@ def test_a_size_below_one_makes_the_row_invalid_and_names_the_cell(column: str, 
     good, bad = report.rows
     assert good["feasible"]
     assert bad["invalid"]
-    assert f"row 3 (r2): {column}: '{column}' must be >= 1, got {value}" in bad["reason"]
+    assert f"line 3 (r2): {column}: '{column}' must be >= 1, got {value}" in bad["reason"]
 
 
 def test_an_absurd_size_in_a_fully_stated_row_is_an_out_of_memory_answer() -> None:
@@ -284,7 +284,7 @@ def test_a_bad_gpu_count_or_batch_is_reported_on_its_row_not_for_the_whole_file(
     assert good["feasible"]
     assert bad["invalid"]
     assert bad[column] is None
-    assert f"row 3 (r2): {column}: must be a whole number, got {value!r}" in bad["reason"]
+    assert f"line 3 (r2): {column}: must be a whole number, got {value!r}" in bad["reason"]
 
 
 def test_a_stack_that_overrides_a_stated_knob_says_so() -> None:
@@ -310,3 +310,61 @@ def test_spearman_does_not_rank_one_layout_measured_on_two_software_releases() -
     ]
     summary = validate_frame(pd.DataFrame(rows), "t.csv").summary
     assert summary["spearman_groups"] == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        # Found by trying the validator with hand-made rows: each of these used to be predicted silently.
+        ({"precision": float("nan")}, "precision: is empty; fill precision"),
+        ({"tp": float("nan")}, "tp: is empty; fill tp"),
+        ({"arch": "rnn"}, "arch: must be dense or moe, got 'rnn'"),
+        ({"arch": "moe", "num_experts": 8, "experts_topk": 0}, "experts_topk: must be >= 1, got 0; use experts_topk"),
+        ({"nics_per_node": 0}, "nics_per_node: must be >= 1, got 0"),
+        ({"kv_heads": 0}, "kv_heads: must be >= 1, got 0; fix the cell, or leave it empty for as many as heads"),
+        ({"vocab": "1_024"}, "vocab: must be a whole number, got '1_024'"),
+        ({"layers": "\u0664"}, "layers: must be a whole number"),  # an Arabic-Indic four
+        ({"measured_step_time_s": "1_0"}, "measured_step_time_s: must be a number of seconds > 0"),
+    ],
+)
+def test_a_cell_that_is_not_what_the_contract_says_makes_the_row_invalid(
+    changes: dict[str, object], fragment: str
+) -> None:
+    report = validate_frame(pd.DataFrame([_row(), _row(run_id="r2", **changes)]), "f.csv")
+    good, bad = report.rows
+    assert good["feasible"]
+    assert bad["invalid"], bad
+    assert bad["reason"].startswith(f"f.csv: line 3 (r2): {fragment}"), bad["reason"]
+    assert bad["reason"].count("f.csv") == 1
+
+
+def test_plain_decimal_numbers_are_still_read() -> None:
+    """The cell rule keeps what spreadsheets write: signs, decimals with a zero fraction, exponents."""
+    report = validate_frame(
+        pd.DataFrame([_row(layers="4.0", vocab="1.024e3", measured_step_time_s="+2.5E-1")]), "f.csv"
+    )
+    (row,) = report.rows
+    assert row["feasible"]
+    assert row["measured_step_time_s"] == 0.25
+
+
+def test_a_row_that_contradicts_its_software_stack_names_the_stack() -> None:
+    """Found by trying: an FP8 Megatron-Bridge row stated with zero_stage 0 met its stack's FP8 weights, and the
+    reason named neither the row nor the stack, only a knob that is not a column."""
+    stacks = load_stacks(STACKS)
+    row = _row(source="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md", precision="fp8", zero_stage=0)
+    (bad,) = validate_frame(pd.DataFrame([row]), "f.csv", stacks=stacks).rows
+    assert bad["invalid"]
+    assert bad["reason"].startswith("f.csv: line 2 (r1): fp8_param (set by software stack 'Megatron-Bridge")
+    assert bad["reason"].endswith("or validate with --no-stacks")
+
+
+def test_a_layout_that_cannot_run_whatever_the_free_knobs_says_so_on_its_row() -> None:
+    """tp 3 with 8 heads cannot run for any micro-batch or interleaving: the row is an infeasible answer (the
+    issue counts it as a miss), its reason names the file and line and does not blame the free knobs."""
+    (row,) = validate_frame(pd.DataFrame([_row(tp=3, dp=1, num_gpus=3, micro_batch=float("nan"))]), "f.csv").rows
+    assert not row["feasible"]
+    assert not row["invalid"]
+    assert row["reason"] == (
+        "f.csv: line 2 (r1): the plan cannot run, whatever its free knobs: 'tp' must divide 'heads': tp=3, heads=8"
+    )

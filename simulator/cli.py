@@ -140,9 +140,11 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
         if value is not None:
             data[key] = value
     data.update(overrides)
+    if args.gpus is not None:
+        data["gpus"] = args.gpus  # the command line overrides the plan file, as for every other key
     if "global_batch" not in data:
         raise SpecError("--global-batch", "is required", "give the sequences per optimizer step")
-    return PlanSpec.from_mapping(data, where, gpus=args.gpus)
+    return PlanSpec.from_mapping(data, where)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -154,7 +156,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     model = load_model(args.model, overrides.get("model"))
     cluster = load_cluster(args.cluster, overrides.get("cluster"), overrides.get("device"))
     plan = _plan_from_args(args, overrides.get("plan", {}))
-    result = simulate(model, cluster, plan, record=args.trace is not None)
+    try:
+        result = simulate(model, cluster, plan, record=args.trace is not None)
+    except InfeasiblePlanError as err:
+        # A plan that cannot run at all (a degree that does not divide, a precision the GPU lacks) is an answer
+        # like one that does not fit: the same table or JSON document, feasible false with the reason, exit 3.
+        from simulator.run import infeasible_result
+
+        result = infeasible_result(model, cluster, plan, str(err))
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
         _write_output(args.trace, chrome_trace_json(result.timeline, title=title), "--trace")
@@ -221,8 +230,9 @@ def _result_table(r: Any) -> str:
                 lines.append(f"  {label:<16}{'not modelled':>12}  {note}")
                 continue
             lines.append(f"  {label:<16}{fmt_seconds(value):>12}  {value / total * 100:5.1f}%")
-    lines.append("")
-    lines.append("memory per stage (GiB)   weights    grads    optim     acts  buffers    total / capacity")
+    if r.memory:
+        lines.append("")
+        lines.append("memory per stage (GiB)   weights    grads    optim     acts  buffers    total / capacity")
     for m in r.memory:
         mark = "  OVER" if m.over > 0 else ""
         lines.append(
@@ -253,6 +263,8 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps(m.to_mapping(), indent=2))
         print(f"parameters: {m.param_count() / 1e9:.2f} B (active {m.active_param_count() / 1e9:.2f} B)")
         return EXIT_OK
+    if args.name:
+        raise SpecError("models list", f"takes no name, got {args.name!r}", f"use clustersim models show {args.name}")
     rows = []
     for name, _ in list_names("model"):
         m = load_model(name)
@@ -270,6 +282,10 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     from simulator.specs.library import list_names, load_cluster, load_device
 
     if args.action == "list":
+        if args.name:
+            raise SpecError(
+                "hardware list", f"takes no name, got {args.name!r}", f"use clustersim hardware show {args.name}"
+            )
         print("devices:")
         for name, _ in list_names("device"):
             d = load_device(name)
@@ -294,12 +310,34 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         try:
             print(_cluster_text(load_cluster(args.name)))
         except SpecError:
-            pass  # not a readable cluster: try it as a device below
+            if _looks_like_cluster_file(args.name):
+                raise  # a broken cluster file: its own error, not a device's
         else:
             return EXIT_OK
     d = load_device(args.name)
     print(_device_text(d))
     return EXIT_OK
+
+
+def _looks_like_cluster_file(name: str) -> bool:
+    """Whether a YAML file is meant as a cluster (it names a device or a node size), so that its errors are
+    reported as the cluster's."""
+    from simulator.specs._yaml import load_yaml_file
+
+    path = Path(name)
+    if not path.is_file():
+        return name.lower() in {n.lower() for n, _ in _list_clusters()}
+    try:
+        data = load_yaml_file(path)
+    except SpecError:
+        return True  # unreadable either way: the cluster reader's message says why
+    return isinstance(data, dict) and ("device" in data or "gpus_per_node" in data)
+
+
+def _list_clusters() -> list[tuple[str, Any]]:
+    from simulator.specs.library import list_names
+
+    return list(list_names("cluster"))
 
 
 def _device_text(d: Any) -> str:

@@ -42,7 +42,7 @@ from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
 from simulator.units import fmt_bytes
 
-__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "simulate"]
+__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "infeasible_result", "simulate"]
 
 # Slowdown of compute kernels that run while NCCL kernels share the GPU (SMs and HBM taken by the collective);
 # used when the cluster's calibration table has no measured value. source: average computational slowdown
@@ -294,10 +294,16 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
 
 
 def _check_precision(cluster: ClusterSpec, plan: PlanSpec) -> None:
-    if plan.precision == "fp8" and "fp8" not in dict(cluster.device.peak_flops):
-        raise InfeasiblePlanError(
-            f"precision fp8 needs FP8 tensor cores; {cluster.device.name} has none (use bf16 or fp16)"
-        )
+    """The plan's precision needs tensor cores of that format: a device file lists a peak for each it has
+    (V100 has FP16 but no BF16, A100 no FP8)."""
+    peaks = dict(cluster.device.peak_flops)
+    if plan.precision in peaks:
+        return
+    has = [p for p in ("fp8", "bf16", "fp16") if p in peaks]
+    raise InfeasiblePlanError(
+        f"precision {plan.precision} needs {plan.precision.upper()} tensor cores; {cluster.device.name} has none "
+        f"(use {' or '.join(has)})"
+    )
 
 
 def _structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> str:
@@ -810,6 +816,12 @@ def _infeasible_result(
         calibration=cluster.calibration_label,
         launch_overhead_us=_measured_launch_overhead_us(cluster),
     )
+
+
+def infeasible_result(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, reason: str) -> StepResult:
+    """The answer for a plan that cannot run at all (what :func:`simulate` raises as InfeasiblePlanError), as a
+    result: feasible False, the reason, no times and no memory."""
+    return _infeasible_result(model, cluster, replace(plan, seq_len=plan.seq_len or model.seq_len), (), reason, {})
 
 
 def _as_run(plan: PlanSpec, layout: Layout, model: ModelSpec) -> PlanSpec:

@@ -16,12 +16,18 @@ from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
 
-__all__ = ["MAX_MICRO_BATCHES", "Group", "Layout", "place", "resolve_layout"]
+__all__ = ["MAX_MICRO_BATCHES", "MAX_PIPELINE_TASKS", "Group", "Layout", "place", "resolve_layout"]
 
 # A guard, not physics: the most micro-batches per step the engine simulates (its cost is linear in
 # micro-batches × pp × vp, about 0.2 ms each; 100,000 of them on 8 interleaved stages take over a minute).
 # Published runs have at most a few hundred; a larger count is a mistyped global batch.
 MAX_MICRO_BATCHES = 100_000
+# The same guard on what the engine's cost grows with: forward passes per step summed over the stages and their
+# model chunks (micro-batches × pp × vp). Measured on the 2-core CI machine (2026-11-24): 100,000 micro-batches
+# × pp 2 × vp 16 = 3.2 million took 81 s and 9 GB, i.e. about 25 µs and 3 kB each; 500,000 keep one candidate
+# under about 15 s and 1.5 GB. The published runs need at most about 10,000 (GPT-3 175B: 96 micro-batches ×
+# pp 8 × vp 12 = 9,216).
+MAX_PIPELINE_TASKS = 500_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +194,12 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
         micro_batches <= MAX_MICRO_BATCHES,
         f"{micro_batches:,} micro-batches per step (global_batch / (dp·micro_batch)) is more than the "
         f"{MAX_MICRO_BATCHES:,} the engine simulates: raise micro_batch or dp, or lower global_batch",
+    )
+    tasks = micro_batches * pp * vp
+    _require(
+        tasks <= MAX_PIPELINE_TASKS,
+        f"{micro_batches:,} micro-batches × pp {pp} × vp {vp} = {tasks:,} forward passes per step is more than the "
+        f"{MAX_PIPELINE_TASKS:,} the engine simulates: lower vp, raise micro_batch or dp, or lower global_batch",
     )
     if cluster.max_gpus is not None:
         _require(

@@ -278,12 +278,14 @@ def test_validate_reads_spreadsheet_exports_of_the_same_columns(
     ],
 )
 def test_impossible_plans_exit_3(extra: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan that cannot run is an answer (the reason on the table's infeasible line), exit 3."""
     argv = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--global-batch", "8", *extra]
     code = main(argv)
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
     assert code == 3
-    assert fragment in err
-    assert "Traceback" not in err
+    assert "infeasible: " in captured.out
+    assert fragment in captured.out
+    assert "Traceback" not in captured.out + captured.err
 
 
 # -- plan files, --set values, HF configs given to --model, output paths (issue 2: bad files and arguments) ---

@@ -2,9 +2,13 @@
 
 Users already have these files on disk, so ``--model path/to/config.json`` works wherever a model name
 does. Supported families (by ``model_type``): ``llama``, ``mistral``, ``mixtral``, ``qwen2``,
-``qwen2_moe``, ``qwen3``, ``qwen3_moe``, ``gpt2``, ``gpt_neox``; other types whose keys follow the Llama
-naming are read the Llama way. Field meanings follow the ``transformers`` configuration classes of those
-families (``LlamaConfig``, ``MixtralConfig``, ``Qwen3MoeConfig``, ``GPT2Config``, ``GPTNeoXConfig``).
+``qwen2_moe``, ``qwen3``, ``qwen3_moe``, ``gpt2``, ``gpt_neox``; any other ``model_type`` is refused
+rather than read the Llama way (a BERT or T5 file would silently become a different model). A file
+without ``model_type`` is placed by its ``architectures`` class name, and read the Llama way when it
+has neither. Booleans must be JSON ``true``/``false``, activations ones the family's MLP can be modelled
+with, and an error that :class:`ModelSpec` raises names the config.json key the value came from. Field
+meanings follow the ``transformers`` configuration classes of those families (``LlamaConfig``,
+``MixtralConfig``, ``Qwen3MoeConfig``, ``GPT2Config``, ``GPTNeoXConfig``).
 The default training sequence length is ``max_position_embeddings`` capped at 8192, because long-context
 maxima (131072 for Llama 3.1) are rarely the pre-training length; pass ``--seq-len`` to override.
 """
@@ -45,21 +49,59 @@ SUPPORTED_MODEL_TYPES = (
     "gpt_neox",
 )
 
+# ``architectures`` class-name prefixes of the supported families (longest first), for files without model_type.
+_ARCHITECTURE_PREFIXES = (
+    ("Qwen2Moe", "qwen2_moe"),
+    ("Qwen3Moe", "qwen3_moe"),
+    ("Qwen2", "qwen2"),
+    ("Qwen3", "qwen3"),
+    ("Mixtral", "mixtral"),
+    ("Mistral", "mistral"),
+    ("Llama", "llama"),
+    ("GPTNeoX", "gpt_neox"),
+    ("GPT2", "gpt2"),
+)
+
 _SEQ_CAP = 8192
-_GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu"}
-_PLAIN_ACTS = {"gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "relu": "relu", "gelu_pytorch_tanh": "gelu"}
+# Activation names of transformers' ACT2FN that the ModelSpec activations can stand for. The GELU
+# approximations (tanh, sigmoid) cost the same elementwise pass as the exact one.
+_GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "gelu_accurate", "quick_gelu")
+_GATED_ACTS = {"silu": "swiglu", "swish": "swiglu", **dict.fromkeys(_GELUS, "geglu")}
+_PLAIN_ACTS = {
+    **dict.fromkeys(_GELUS, "gelu"),
+    "relu": "relu",
+    "relu2": "squared_relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 
 
 def load_hf_config(path: Path) -> ModelSpec:
     """Read ``config.json`` at ``path``."""
+    where = str(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise SpecError(str(path), "file not found", "check the path") from None
+        raise SpecError(where, "file not found", "check the path") from None
+    except OSError as err:
+        raise SpecError(where, f"cannot be read ({err.strerror or err})", "check the path and permissions") from None
+    try:
+        text = raw.decode("utf-8-sig")  # JSON is UTF-8 (RFC 8259); a leading byte-order mark is tolerated
+    except UnicodeDecodeError as err:
+        utf16 = " (it starts with a UTF-16 byte-order mark)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise SpecError(
+            where,
+            f"is not UTF-8 text: byte 0x{raw[err.start]:02x} at offset {err.start} cannot be decoded{utf16}",
+            "save the config.json as UTF-8 JSON, as Hugging Face writes it",
+        ) from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise SpecError(f"{path}: line {err.lineno}", f"not valid JSON ({err.msg})", "fix the syntax") from None
+    except (ValueError, RecursionError) as err:  # a number of over 4300 digits, arrays nested thousands deep
+        raise SpecError(where, f"not a JSON file this importer can read ({err})", "fix the file") from None
     name = path.parent.name if path.name == "config.json" else path.stem
-    return model_from_hf_config(data, str(path), name=name or "hf-model")
+    return model_from_hf_config(data, where, name=name or "hf-model")
 
 
 def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
@@ -73,7 +115,7 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
     True
     """
     f = Fields(data, where)
-    model_type = str(f.data.get("model_type", "")).lower()
+    model_type = _model_type(f)
     if model_type == "gpt2":
         return _gpt2(f, name)
     if model_type == "gpt_neox":
@@ -87,7 +129,8 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
                 "(DeepSeek-style routed and shared experts or multi-head latent attention)",
                 "write a clustersim model YAML for it (models/*.yaml show the fields)",
             )
-    if model_type and model_type not in SUPPORTED_MODEL_TYPES and "hidden_size" not in f.data:
+    if model_type and model_type not in SUPPORTED_MODEL_TYPES:
+        # Read the Llama way, a BERT or T5 file would become a gated, RMSNorm, rotary model without a word.
         raise f.error(
             "model_type",
             f"unsupported model_type {model_type!r}",
@@ -96,22 +139,62 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
     return _llama_like(f, name, model_type)
 
 
-# ModelSpec field -> the config.json key it was read from, so cross-field errors name the file's own key.
-_LLAMA_KEYS = {
-    "kv_heads": "num_key_value_heads",
-    "heads": "num_attention_heads",
-    "gated_mlp": "hidden_act",
-    "moe.first_dense_layers": "mlp_only_layers",
-}
-_GPT2_KEYS = {"kv_heads": "n_head", "heads": "n_head"}
-_NEOX_KEYS = {"kv_heads": "num_attention_heads", "heads": "num_attention_heads"}
+def _model_type(f: Fields) -> str:
+    """The lower-case ``model_type``; without one, the family its ``architectures`` class names, or ``""``."""
+    value = f.raw("model_type", None)
+    if value is not None:
+        if not isinstance(value, str):
+            raise f.error("model_type", f"must be text, got {value!r}", 'write it in quotes, like "llama"')
+        return value.strip().lower()
+    classes = f.raw("architectures", None)
+    if classes is None:
+        return ""  # read the Llama way, as documented
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        raise f.error("architectures", f"must be a list of class names, got {classes!r}", 'write ["LlamaForCausalLM"]')
+    for prefix, family in _ARCHITECTURE_PREFIXES:
+        if classes[0].startswith(prefix):
+            return family
+    raise f.error(
+        "model_type",
+        f"is missing, and architectures {classes[0]!r} is not one of the supported families",
+        f"add the model_type; supported: {', '.join(SUPPORTED_MODEL_TYPES)}; or write a clustersim model YAML",
+    )
+
+
+def _flag(f: Fields, key: str, default: bool) -> bool:
+    """A JSON boolean (``"false"`` in quotes is text, which transformers would store as a true value)."""
+    value = f.raw(key, default)
+    if not isinstance(value, bool):
+        raise f.error(key, f"must be true or false, got {value!r}", "write true or false without quotes")
+    return value
+
+
+def _activation(f: Fields, key: str, default: str, table: dict[str, str], mlp: str) -> str:
+    """The ModelSpec activation of the config's activation name ``key``, refusing names it cannot stand for."""
+    value = f.raw(key, default)
+    if not isinstance(value, str):
+        raise f.error(key, f"must be an activation name in quotes, got {value!r}", f"write one of: {', '.join(table)}")
+    act = value.strip().lower()
+    if act not in table:
+        raise f.error(
+            key,
+            f"unsupported activation {act!r} for {mlp}",
+            f"use one of: {', '.join(table)}; or write a clustersim model YAML",
+        )
+    return table[act]
 
 
 def _respec(err: SpecError, f: Fields, keys: dict[str, str]) -> SpecError:
-    """A ModelSpec error re-located at the config.json key that caused it (a reader's own error already is)."""
+    """A ModelSpec error re-located at the config.json key that caused it (a reader's own error already is).
+
+    ``keys`` maps a ModelSpec field (``layers``) to the key this file gave it in (``num_hidden_layers``).
+    """
     if err.where.startswith(f"{f.where}: "):
         return err
-    return SpecError(f"{f.where}: {keys.get(err.where, err.where)}", err.what, err.fix)
+    key = keys.get(err.where, err.where)
+    if key == err.where:
+        return SpecError(f"{f.where}: {key}", err.what, err.fix)
+    return SpecError(f"{f.where}: {key}", f"{err.what} ({key} is clustersim's '{err.where}')", err.fix)
 
 
 def _seq(f: Fields, key: str) -> int:
@@ -122,14 +205,28 @@ def _seq(f: Fields, key: str) -> int:
 def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
     hidden = f.integer("hidden_size", minimum=1)
     heads = f.integer("num_attention_heads", minimum=1)
-    act = str(f.raw("hidden_act", "silu")).lower()
-    if act not in _GATED_ACTS:
-        raise f.error("hidden_act", f"unsupported activation {act!r} for a gated MLP", "use silu or gelu")
-    moe = _moe(f, model_type)
+    activation = _activation(f, "hidden_act", "silu", _GATED_ACTS, "a gated MLP")
+    keys = {
+        "layers": "num_hidden_layers",
+        "hidden": "hidden_size",
+        "heads": "num_attention_heads",
+        "kv_heads": "num_key_value_heads",
+        "head_dim": "head_dim",
+        "ffn_hidden": "intermediate_size",
+        "vocab": "vocab_size",
+        "seq_len": "max_position_embeddings",
+        "gated_mlp": "hidden_act",
+        "activation": "hidden_act",
+        "tied_embeddings": "tie_word_embeddings",
+        "bias": "attention_bias",
+    }
+    moe = _moe(f, model_type, keys)
     ffn = f.integer("intermediate_size", 0, minimum=1) if moe is not None else f.integer("intermediate_size", minimum=1)
     if moe is not None and not ffn:
         ffn = moe.expert_ffn_hidden
-    bias = bool(f.raw("attention_bias", False)) and bool(f.raw("mlp_bias", False))
+        keys["ffn_hidden"] = keys["moe.expert_ffn_hidden"]
+    attention_bias, mlp_bias = _flag(f, "attention_bias", False), _flag(f, "mlp_bias", False)  # both checked
+    bias = attention_bias and mlp_bias
     try:
         return ModelSpec(
             name=name,
@@ -141,9 +238,9 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
             ffn_hidden=ffn,
             vocab=f.integer("vocab_size", minimum=1),
             gated_mlp=True,
-            activation=_GATED_ACTS[act],
+            activation=activation,
             norm="rmsnorm",
-            tied_embeddings=bool(f.raw("tie_word_embeddings", False)),
+            tied_embeddings=_flag(f, "tie_word_embeddings", False),
             position_embedding="rope",
             bias=bias,
             dropout=False,
@@ -152,10 +249,11 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
             source=f"Hugging Face config.json ({model_type or 'llama-style'}): {f.where}",
         )
     except SpecError as err:
-        raise _respec(err, f, _LLAMA_KEYS) from None
+        raise _respec(err, f, keys) from None
 
 
-def _moe(f: Fields, model_type: str) -> MoESpec | None:
+def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
+    """The MoE part, or None for a dense model; adds to ``keys`` the config keys of the MoE fields."""
     data = f.data
     # Mixtral names the expert count num_local_experts, Qwen-MoE and DeepSeek num_experts; 0 or null: dense.
     count_key = "num_local_experts" if data.get("num_local_experts") else "num_experts"
@@ -181,24 +279,64 @@ def _moe(f: Fields, model_type: str) -> MoESpec | None:
     # Qwen2-MoE/Qwen3-MoE make layer i sparse when (i + 1) % decoder_sparse_step == 0 (transformers
     # modeling_qwen2_moe.py): layers step-1, 2·step-1, ..., i.e. step-1 leading dense layers, then every step-th.
     first_dense = max(f.integer("first_k_dense_replace", 0, minimum=0), step - 1)
-    if dense_layers:
+    first_dense_key = "decoder_sparse_step"
+    if dense_layers and len(dense_layers) > first_dense:
         # Only a leading block of dense layers is representable; Qwen's released models leave it empty.
-        first_dense = max(first_dense, len(dense_layers))
-    return MoESpec(
-        num_experts=experts,
-        top_k=top_k,
-        expert_ffn_hidden=expert_ffn,
-        shared_experts=1 if shared_ffn else 0,
-        shared_expert_ffn_hidden=shared_ffn,
-        layer_frequency=step,
-        first_dense_layers=first_dense,
-        capacity_factor=None,
-    )
+        first_dense, first_dense_key = len(dense_layers), "mlp_only_layers"
+    moe_keys = {
+        "num_experts": count_key,
+        "top_k": "num_experts_per_tok",
+        "expert_ffn_hidden": ffn_key,
+        "shared_experts": "shared_expert_intermediate_size",
+        "shared_expert_ffn_hidden": "shared_expert_intermediate_size",
+        "layer_frequency": "decoder_sparse_step",
+        "first_dense_layers": first_dense_key,
+    }
+    keys.update({f"moe.{field}": key for field, key in moe_keys.items()})
+    try:
+        return MoESpec(
+            num_experts=experts,
+            top_k=top_k,
+            expert_ffn_hidden=expert_ffn,
+            shared_experts=1 if shared_ffn else 0,
+            shared_expert_ffn_hidden=shared_ffn,
+            layer_frequency=step,
+            first_dense_layers=first_dense,
+            capacity_factor=None,
+        )
+    except SpecError as err:
+        raise _respec(err, f, moe_keys) from None
+
+
+_GPT2_KEYS = {
+    "layers": "n_layer",
+    "hidden": "n_embd",
+    "heads": "n_head",
+    "kv_heads": "n_head",
+    "ffn_hidden": "n_inner",
+    "vocab": "vocab_size",
+    "seq_len": "n_positions",
+    "gated_mlp": "activation_function",
+    "activation": "activation_function",
+    "tied_embeddings": "tie_word_embeddings",
+}
+_NEOX_KEYS = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_attention_heads",
+    "ffn_hidden": "intermediate_size",
+    "vocab": "vocab_size",
+    "seq_len": "max_position_embeddings",
+    "gated_mlp": "hidden_act",
+    "activation": "hidden_act",
+    "tied_embeddings": "tie_word_embeddings",
+}
 
 
 def _gpt2(f: Fields, name: str) -> ModelSpec:
     hidden = f.integer("n_embd", minimum=1)
-    act = str(f.raw("activation_function", "gelu_new")).lower()
+    activation = _activation(f, "activation_function", "gelu_new", _PLAIN_ACTS, "GPT-2's ungated MLP")
     try:
         return ModelSpec(
             name=name,
@@ -208,9 +346,10 @@ def _gpt2(f: Fields, name: str) -> ModelSpec:
             ffn_hidden=f.integer("n_inner", 4 * hidden, minimum=1),
             vocab=f.integer("vocab_size", minimum=1),
             gated_mlp=False,
-            activation=_PLAIN_ACTS.get(act, "gelu"),
+            activation=activation,
             norm="layernorm",
-            tied_embeddings=True,
+            # GPT2Config leaves tie_word_embeddings at PretrainedConfig's default, true.
+            tied_embeddings=_flag(f, "tie_word_embeddings", True),
             position_embedding="learned",
             bias=True,
             dropout=True,
@@ -223,7 +362,7 @@ def _gpt2(f: Fields, name: str) -> ModelSpec:
 
 def _neox(f: Fields, name: str) -> ModelSpec:
     hidden = f.integer("hidden_size", minimum=1)
-    act = str(f.raw("hidden_act", "gelu")).lower()
+    activation = _activation(f, "hidden_act", "gelu", _PLAIN_ACTS, "GPT-NeoX's ungated MLP")
     try:
         return ModelSpec(
             name=name,
@@ -233,9 +372,9 @@ def _neox(f: Fields, name: str) -> ModelSpec:
             ffn_hidden=f.integer("intermediate_size", 4 * hidden, minimum=1),
             vocab=f.integer("vocab_size", minimum=1),
             gated_mlp=False,
-            activation=_PLAIN_ACTS.get(act, "gelu"),
+            activation=activation,
             norm="layernorm",
-            tied_embeddings=bool(f.raw("tie_word_embeddings", False)),
+            tied_embeddings=_flag(f, "tie_word_embeddings", False),
             position_embedding="rope",
             bias=True,
             dropout=False,

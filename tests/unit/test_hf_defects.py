@@ -1,0 +1,339 @@
+"""Defects of the HF ``config.json`` importer found by adversarial testing: each was a traceback or a silent
+misreading, and is now a ``SpecError`` naming the file and the config's own key (exit 2 from the CLI)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+from simulator.errors import SpecError
+from simulator.specs.hf import SUPPORTED_MODEL_TYPES, load_hf_config, model_from_hf_config
+from simulator.specs.model import ModelSpec
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+GPT2 = {
+    "model_type": "gpt2",
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_inner": None,
+    "n_positions": 1024,
+    "vocab_size": 50257,
+    "activation_function": "gelu_new",
+}
+NEOX = {
+    "model_type": "gpt_neox",
+    "hidden_size": 512,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "vocab_size": 50304,
+    "max_position_embeddings": 2048,
+    "hidden_act": "gelu",
+    "tie_word_embeddings": False,
+}
+QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+WHERE = "cfg/config.json"
+
+
+def _load(cfg: dict) -> ModelSpec:
+    return model_from_hf_config(cfg, WHERE, name="m")
+
+
+def _error(cfg: dict) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        model_from_hf_config(cfg, WHERE, name="m")
+    err = info.value
+    assert err.where.count(WHERE) == 1
+    assert err.fix
+    return err
+
+
+# -- 1: a file that is not UTF-8 ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["check", "{p}"],
+        ["simulate", "--model", "{p}", "--cluster", "dgx-h100", "--global-batch", "8"],
+        ["graph", "--model", "{p}"],
+    ],
+    ids=["check", "simulate", "graph"],
+)
+def test_non_utf8_config_is_a_clean_error(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect 1: bytes ff fe (a UTF-16 byte-order mark) raised UnicodeDecodeError out of load_hf_config; every
+    command that reads the file now exits 2 with ``error: <file>: is not UTF-8 text ...; <fix>``."""
+    path = tmp_path / "x.json"
+    path.write_bytes(b'\xff\xfe{"a":1}')
+    code = main([a.replace("{p}", str(path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: {path}: is not UTF-8 text" in err
+    assert "0xff at offset 0" in err
+    assert "UTF-16" in err
+    assert "save the config.json as UTF-8" in err
+    assert "Traceback" not in err
+
+
+def test_non_utf8_byte_later_in_the_file_is_located(tmp_path: Path) -> None:
+    """Defect 1: a Latin-1 byte inside the file is reported with its offset (no UTF-16 remark)."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"model_type": "llama", "name": "caf\xe9"}')
+    with pytest.raises(SpecError, match=r"byte 0xe9 at offset 36 cannot be decoded;") as info:
+        load_hf_config(path)
+    assert info.value.where == str(path)
+
+
+def test_utf8_byte_order_mark_is_tolerated(tmp_path: Path) -> None:
+    """Defect 1 (neighbour): a UTF-8 file with a byte-order mark (Windows editors write one) still loads."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(LLAMA).encode())
+    assert load_hf_config(path).layers == 32
+
+
+def test_unreadable_and_unparsable_files_are_clean_errors(tmp_path: Path) -> None:
+    """Defect 1 (neighbours): a directory named config.json, a 5000-digit number and arrays nested 100000 deep
+    raised IsADirectoryError, ValueError and RecursionError."""
+    folder = tmp_path / "d" / "config.json"
+    folder.mkdir(parents=True)
+    with pytest.raises(SpecError, match="cannot be read"):
+        load_hf_config(folder)
+    digits = tmp_path / "digits.json"
+    digits.write_text('{"vocab_size": ' + "1" * 5000 + "}")
+    with pytest.raises(SpecError, match="not a JSON file this importer can read"):
+        load_hf_config(digits)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(SpecError, match="not a JSON file this importer can read"):
+        load_hf_config(deep)
+
+
+# -- 2: unsupported model_type ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["bert", "t5-like", "gemma", "falcon", "LLaMA-2"])
+def test_unknown_model_type_with_llama_keys_is_refused(model_type: str) -> None:
+    """Defect 2: a model_type outside the supported families that has hidden_size was read as Llama (gated,
+    RMSNorm, RoPE); it is now refused, listing the supported types."""
+    err = _error({**LLAMA, "model_type": model_type})
+    assert err.where == f"{WHERE}: model_type"
+    assert f"unsupported model_type {model_type.lower()!r}" in err.what
+    assert all(t in err.fix for t in SUPPORTED_MODEL_TYPES)
+
+
+def test_bert_file_from_the_cli_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Defect 2: ``check`` of a BERT config said ok; now it exits 2 naming model_type."""
+    bert = {
+        "model_type": "bert",
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "vocab_size": 30522,
+        "hidden_act": "gelu",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(bert))
+    code = main(["check", str(tmp_path / "config.json")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "config.json: model_type: unsupported model_type 'bert'; supported: llama" in err
+
+
+@pytest.mark.parametrize("model_type", [t for t in SUPPORTED_MODEL_TYPES if t not in ("gpt2", "gpt_neox")])
+def test_every_llama_family_is_still_read(model_type: str) -> None:
+    """Defect 2: the README's families (Llama, Mistral/Mixtral, Qwen2/Qwen3 and their MoE) still load, and the
+    model_type is case-insensitive as before."""
+    cfg = QWEN3_MOE if model_type.endswith("moe") else LLAMA
+    m = model_from_hf_config({**cfg, "model_type": model_type.upper()}, WHERE, name="m")
+    assert m.gated_mlp
+    assert m.norm == "rmsnorm"
+
+
+def test_model_type_must_be_text() -> None:
+    """Defect 2: a non-text model_type (a number) was turned into a string and read as Llama."""
+    assert "must be text" in _error({**LLAMA, "model_type": 7}).what
+
+
+def test_missing_model_type_is_placed_by_architectures() -> None:
+    """Defect 2: without model_type, ``architectures`` decides: a BERT class is refused, a GPT-2 class is read
+    as GPT-2, and a file with neither is still read the Llama way (documented behaviour)."""
+    no_type = {k: v for k, v in LLAMA.items() if k != "model_type"}
+    assert _load(no_type).gated_mlp
+    assert _load({k: v for k, v in no_type.items() if k != "architectures"}).gated_mlp
+    err = _error({**no_type, "architectures": ["BertForMaskedLM"]})
+    assert err.where == f"{WHERE}: model_type"
+    assert "'BertForMaskedLM'" in err.what
+    gpt2 = {k: v for k, v in GPT2.items() if k != "model_type"}
+    assert _load({**gpt2, "architectures": ["GPT2LMHeadModel"]}).norm == "layernorm"
+
+
+def test_deepseek_is_still_refused_at_its_own_key() -> None:
+    """Defect 2: the DeepSeek check (naming n_routed_experts) still comes before the model_type check."""
+    err = _error({**LLAMA, "model_type": "deepseek_v3", "n_routed_experts": 256})
+    assert err.where == f"{WHERE}: n_routed_experts"
+
+
+# -- 3: booleans written as text ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cfg", "key"),
+    [
+        (LLAMA, "tie_word_embeddings"),
+        (LLAMA, "attention_bias"),
+        (LLAMA, "mlp_bias"),
+        (NEOX, "tie_word_embeddings"),
+        (GPT2, "tie_word_embeddings"),
+    ],
+)
+@pytest.mark.parametrize("value", ["false", "true", 0, 1])
+def test_boolean_keys_must_be_json_booleans(cfg: dict, key: str, value: object) -> None:
+    """Defect 3: ``"tie_word_embeddings": "false"`` was taken as true (bool of a non-empty text). transformers
+    stores whatever JSON gives, so a text is a malformed config: the error names the key."""
+    err = _error({**cfg, key: value})
+    assert err.where == f"{WHERE}: {key}"
+    assert f"must be true or false, got {value!r}" in err.what
+    assert "without quotes" in err.fix
+
+
+def test_json_booleans_are_read() -> None:
+    """Defect 3: real booleans still work, and GPT-2 unties its output layer when the config says so
+    (GPT2Config leaves tie_word_embeddings at PretrainedConfig's default, true)."""
+    vocab_by_hidden = 128256 * 4096
+    tied, untied = _load({**LLAMA, "tie_word_embeddings": True}), _load(LLAMA)
+    assert untied.param_count() - tied.param_count() == vocab_by_hidden
+    assert _load(GPT2).tied_embeddings
+    assert not _load({**GPT2, "tie_word_embeddings": False}).tied_embeddings
+    assert _load({**LLAMA, "attention_bias": True, "mlp_bias": True}).bias
+
+
+# -- 4: activations -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cfg", "key", "act", "expected"),
+    [
+        (GPT2, "activation_function", "silu", "silu"),
+        (GPT2, "activation_function", "swish", "silu"),
+        (GPT2, "activation_function", "relu", "relu"),
+        (GPT2, "activation_function", "relu2", "squared_relu"),
+        (GPT2, "activation_function", "gelu_new", "gelu"),
+        (GPT2, "activation_function", "quick_gelu", "gelu"),
+        (NEOX, "hidden_act", "silu", "silu"),
+        (NEOX, "hidden_act", "gelu_fast", "gelu"),
+        (LLAMA, "hidden_act", "silu", "swiglu"),
+        (LLAMA, "hidden_act", "gelu_pytorch_tanh", "geglu"),
+        (LLAMA, "hidden_act", "gelu_new", "geglu"),
+    ],
+)
+def test_activation_is_honoured(cfg: dict, key: str, act: str, expected: str) -> None:
+    """Defect 4: GPT-2 with activation_function "silu" became gelu; each family's activation key is mapped to
+    the ModelSpec activation it stands for."""
+    assert _load({**cfg, key: act}).activation == expected
+
+
+@pytest.mark.parametrize(
+    ("cfg", "key", "act"),
+    [
+        (GPT2, "activation_function", "tanh"),
+        (GPT2, "activation_function", "mish"),
+        (NEOX, "hidden_act", "sigmoid"),
+        (LLAMA, "hidden_act", "relu"),  # a gated ReLU (ReGLU) is not a ModelSpec activation
+        (LLAMA, "hidden_act", "relu2"),
+        (QWEN3_MOE, "hidden_act", "leaky_relu"),
+    ],
+)
+def test_unrepresentable_activation_is_refused(cfg: dict, key: str, act: str) -> None:
+    """Defect 4: an activation the spec cannot represent was silently gelu (GPT-2, NeoX); now an error naming
+    the key, the value and the names that work."""
+    err = _error({**cfg, key: act})
+    assert err.where == f"{WHERE}: {key}"
+    assert f"unsupported activation {act!r}" in err.what
+    assert "use one of:" in err.fix
+
+
+@pytest.mark.parametrize(("cfg", "key"), [(GPT2, "activation_function"), (NEOX, "hidden_act"), (LLAMA, "hidden_act")])
+def test_activation_must_be_text(cfg: dict, key: str) -> None:
+    """Defect 4: a number or list as the activation was str()-ed (GPT-2: silently gelu)."""
+    for value in (1, ["gelu"], True):
+        assert _error({**cfg, key: value}).where == f"{WHERE}: {key}"
+
+
+# -- 5: ModelSpec errors name the config key ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cfg", "key", "field", "what"),
+    [
+        ({**LLAMA, "num_hidden_layers": 100_000}, "num_hidden_layers", "layers", "'layers' must be at most 10,000"),
+        ({**GPT2, "n_layer": 100_000}, "n_layer", "layers", "'layers' must be at most 10,000"),
+        ({**NEOX, "num_hidden_layers": 100_000}, "num_hidden_layers", "layers", "'layers' must be at most"),
+        ({**LLAMA, "num_attention_heads": 33}, "num_attention_heads", "heads", "'heads' must divide 'hidden'"),
+        ({**GPT2, "n_head": 7}, "n_head", "heads", "'heads' must divide 'hidden'"),
+        ({**NEOX, "num_attention_heads": 7}, "num_attention_heads", "heads", "'heads' must divide 'hidden'"),
+        ({**LLAMA, "num_key_value_heads": 5}, "num_key_value_heads", "kv_heads", "'kv_heads' must divide 'heads'"),
+        (
+            {**QWEN3_MOE, "num_hidden_layers": 4, "decoder_sparse_step": 8},
+            "decoder_sparse_step",
+            "moe.first_dense_layers",
+            "must be <= layers",
+        ),
+        (
+            {**QWEN3_MOE, "num_hidden_layers": 2, "mlp_only_layers": [0, 1, 2]},
+            "mlp_only_layers",
+            "moe.first_dense_layers",
+            "must be <= layers",
+        ),
+    ],
+)
+def test_model_spec_errors_name_the_config_key(cfg: dict, key: str, field: str, what: str) -> None:
+    """Defect 5: 100000 layers said ``layers: ...``, a key config.json does not have; a ModelSpec error now
+    names the key the value came from, and says which clustersim field it is."""
+    err = _error(cfg)
+    assert err.where == f"{WHERE}: {key}"
+    assert what in err.what
+    assert f"({key} is clustersim's '{field}')" in err.what
+
+
+def test_huge_layer_count_from_the_cli_names_num_hidden_layers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Defect 5: the CLI message starts with the config key."""
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 100_000}))
+    code = main(["check", str(tmp_path / "config.json")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "config.json: num_hidden_layers: 'layers' must be at most 10,000, got 100,000" in err

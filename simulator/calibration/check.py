@@ -13,6 +13,7 @@ any table: they only judge the prediction.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -34,6 +35,7 @@ __all__ = [
     "TINY_CONFIGS",
     "CheckConfig",
     "CheckRow",
+    "device_mismatch",
     "measure_step",
     "predict_step",
     "run_check",
@@ -232,6 +234,54 @@ def predict_step(cfg: CheckConfig, cluster: ClusterSpec) -> float:
             "use a smaller configuration"
         )
     return result.step_time_s
+
+
+# A GPU model in a device name: H100 in "NVIDIA H100 80GB HBM3" and "H100-SXM5-80GB", MI300X, L40S, GB200...
+_GPU_MODEL = re.compile(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b")
+
+
+def _gpu_models(text: str) -> set[str]:
+    return set(_GPU_MODEL.findall(text.upper()))
+
+
+def device_mismatch(dev_type: str, measured: str, cluster: ClusterSpec) -> str:
+    """Why the real steps of ``check`` (on ``dev_type``, named ``measured``) cannot judge ``cluster``'s
+    predictions ("" when they can).
+
+    The predictions are for the cluster's device; real steps on another one measure the gap between two
+    machines, not the calibration. The cluster's device is a CPU when its name, vendor or the devices its table
+    was measured on (provenance ``devices``) say ``CPU``, as the profiles ``calibrate host --device cpu``
+    writes do. On CUDA, the GPU model in the measured name (H100, A100, MI300X...) must be one the cluster's
+    device names, where both name one.
+
+    >>> from simulator.specs.library import load_cluster
+    >>> device_mismatch("cuda", "NVIDIA H100 80GB HBM3", load_cluster("dgx-h100"))
+    ''
+    """
+    dev = cluster.device
+    described = [dev.name, dev.vendor]
+    if cluster.calibration is not None:
+        described += [value for key, value in cluster.calibration.provenance if key == "devices"]
+    text = " ".join(d for d in described if d)
+    cluster_cpu = re.search(r"\bcpu\b", text, re.IGNORECASE) is not None
+    theirs = f"the predictions are for cluster {cluster.name}'s device {dev.name}" + (
+        f" ({dev.vendor})" if dev.vendor and dev.vendor != dev.name else ""
+    )
+    fix = (
+        "the errors would compare two different machines, not test the calibration; give --cluster a cluster "
+        f"whose device is the one measured (calibrate host --device {dev_type} writes one for this machine), "
+        "or leave out --cluster to profile this machine first"
+    )
+    if dev_type != "cuda":
+        if cluster_cpu:
+            return ""
+        return f"--device {dev_type} times real steps on this CPU ({measured}), but {theirs}, not a CPU: {fix}"
+    if cluster_cpu:
+        return f"--device cuda times real steps on {measured}, but {theirs}, a CPU: {fix}"
+    mine, named = _gpu_models(measured), _gpu_models(text)
+    if mine and named and not mine & named:
+        return f"--device cuda times real steps on {measured}, but {theirs}: {fix}"
+    return ""
 
 
 def run_check(

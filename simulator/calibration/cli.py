@@ -88,21 +88,25 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     if not args.model and not args.configs:
         raise CalibrationError("calibrate profile: give --model (name, YAML or config.json) or --configs cpu|gpu|tiny")
+    if args.collectives and args.ranks < 2:
+        raise CalibrationError(
+            f"--collectives needs --ranks >= 2 (local processes exchanging data), got {args.ranks}; "
+            "give --ranks 2 or more, or leave out --collectives"
+        )
+    fp8 = args.fp8 or args.fp8_emulated
     shapes: dict[str, Any] = {}
     for ref in args.model or ():
         model = load_model(ref)
-        for s in model_shapes(model, seq_len=args.seq_len, micro_batches=args.micro_batch, tps=args.tp, fp8=args.fp8):
+        for s in model_shapes(model, seq_len=args.seq_len, micro_batches=args.micro_batch, tps=args.tp, fp8=fp8):
             shapes.setdefault(s.key, s)
     if args.configs:
         for cfg in _configs(args.configs, args.device):
             mbs = sorted({*args.micro_batch, cfg.micro_batch})
-            for s in model_shapes(cfg.model(), micro_batches=mbs, tps=args.tp, fp8=args.fp8):
+            for s in model_shapes(cfg.model(), micro_batches=mbs, tps=args.tp, fp8=fp8):
                 shapes.setdefault(s.key, s)
     colls = collective_shapes(args.ranks, args.device) if args.collectives else ()
-    if args.collectives and args.ranks < 2:
-        raise CalibrationError(f"--collectives needs --ranks >= 2, got {args.ranks}")
     report = run_profile(
-        [*shapes.values(), *(probe_shapes(args.device, fp8=args.fp8) if not args.no_probes else ())],
+        [*shapes.values(), *(probe_shapes(args.device, fp8=fp8) if not args.no_probes else ())],
         args.out,
         device=args.device,
         threads=args.threads,
@@ -112,6 +116,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         cold_cache=args.cold_cache,
         collectives=colls,
         sustain_s=args.sustain,
+        fp8_emulated=args.fp8_emulated,
         log=_say,
     )
     print(
@@ -128,57 +133,71 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 # -- importers ----------------------------------------------------------------------------------------------
 
 
-def _write_import(rows: list[Any], out: Path, what: str) -> int:
+def _write_import(rows: list[Any], out: Path, what: str, notes: list[str]) -> int:
+    """Write imported rows; every note (input rows the importers dropped, and why) goes to stderr first."""
     from simulator.calibration.rows import write_rows
 
+    for note in notes:
+        _say(f"note: {note}")
     if not rows:
         raise CalibrationError(f"{what}: no rows imported; check the input files")
     n = write_rows(rows, out)
-    print(f"wrote {n} rows to {out}")
+    dropped = f" ({len(notes)} note(s) above on input rows left out)" if notes else ""
+    print(f"wrote {n} rows to {out}{dropped}")
     return EXIT_OK
 
 
 def _cmd_import_vidur(args: argparse.Namespace) -> int:
     from simulator.calibration.importers.vidur import import_vidur_compute, import_vidur_network, import_vidur_tree
+    from simulator.calibration.rows import input_file
 
     rows: list[Any] = []
+    notes: list[str] = []
     for path in args.paths:
         if path.is_dir():
-            rows += import_vidur_tree(path)
-        elif not path.is_file():
-            raise CalibrationError(f"{path}: no such file or folder; give a Vidur mlp.csv, network CSV or folder")
-        elif path.name == "mlp.csv":
-            rows += import_vidur_compute(path, args.device)
+            rows += import_vidur_tree(path, notes=notes)
+            continue
+        input_file(path, "a Vidur mlp.csv, network CSV or profiling folder")
+        if path.name == "mlp.csv":
+            rows += import_vidur_compute(path, args.device, notes=notes)
         else:
-            rows += import_vidur_network(path, args.device)
-    return _write_import(rows, args.out, "import-vidur")
+            rows += import_vidur_network(path, args.device, notes=notes)
+    return _write_import(rows, args.out, "import-vidur", notes)
 
 
 def _cmd_import_nccl(args: argparse.Namespace) -> int:
-    from simulator.calibration.importers.nccl_tests import import_nccl_tests, import_vtrain_table
+    from simulator.calibration.importers.nccl_tests import collective_name, import_nccl_tests, import_vtrain_table
+    from simulator.calibration.rows import input_file
 
+    collective = collective_name(args.collective) if args.collective else None
     rows: list[Any] = []
+    notes: list[str] = []
     for path in args.paths:
-        if not path.is_file():
-            raise CalibrationError(f"{path}: no such file; give nccl-tests output or a vTrain table")
+        input_file(path, "nccl-tests output or a vTrain table")
         with path.open(encoding="utf-8", errors="replace") as fh:
             first = fh.readline()
         if first.startswith("size"):
-            rows += import_vtrain_table(path, device=args.device or "A100-SXM4-80GB", ranks=args.ranks)
+            if collective not in (None, "all_reduce"):
+                raise CalibrationError(
+                    f"{path}: a vTrain table times all-reduce only, but --collective is {collective}; "
+                    "leave out --collective for vTrain tables"
+                )
+            rows += import_vtrain_table(path, device=args.device or "A100-SXM4-80GB", ranks=args.ranks, notes=notes)
         else:
-            rows += import_nccl_tests(path, collective=args.collective, device=args.device or "", ranks=args.ranks)
-    return _write_import(rows, args.out, "import-nccl-tests")
+            rows += import_nccl_tests(
+                path, collective=collective, device=args.device or "", ranks=args.ranks, notes=notes
+            )
+    return _write_import(rows, args.out, "import-nccl-tests", notes)
 
 
 def _cmd_import_torch(args: argparse.Namespace) -> int:
     from simulator.calibration.importers.torch_profiler import import_torch_trace
 
     rows: list[Any] = []
+    notes: list[str] = []
     for path in args.paths:
-        if not path.is_file():
-            raise CalibrationError(f"{path}: no such file; give a Chrome trace JSON from torch.profiler")
-        rows += import_torch_trace(path, device=args.device or "")
-    return _write_import(rows, args.out, "import-torch-profiler")
+        rows += import_torch_trace(path, device=args.device or "", notes=notes)
+    return _write_import(rows, args.out, "import-torch-profiler", notes)
 
 
 # -- fit ----------------------------------------------------------------------------------------------------
@@ -263,29 +282,37 @@ def _check_table(rows: Any) -> str:
     return "\n".join(lines)
 
 
-def _check_json(rows: Any, device: str) -> str:
-    out = {
+def _check_json(rows: Any, device: str, warning: str = "") -> str:
+    out: dict[str, Any] = {
         "device": device,
         "rows": [r.as_dict() for r in rows],
         "median_abs_error": statistics.median(abs(r.error) for r in rows) if rows else None,
     }
+    if warning:
+        out["warning"] = warning
     return json.dumps(out, indent=2)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from simulator.calibration.check import run_check
+    from simulator.calibration.check import device_mismatch, run_check
+    from simulator.calibration.torchlib import device_name, setup_device
     from simulator.calibration.workflow import run_host
     from simulator.specs.library import load_cluster
 
     configs = _configs(args.configs, args.device)
     if args.no_ddp:
         configs = tuple(c for c in configs if c.ranks == 1)
+    mismatch = ""
     if args.cluster is not None:
         cluster = load_cluster(args.cluster)
         if cluster.calibration is None:
             raise CalibrationError(
                 f"--cluster {args.cluster}: names no calibration table; fit one (calibrate fit) or run calibrate host"
             )
+        dev = setup_device(args.device, args.threads if args.device == "cpu" else None)
+        mismatch = device_mismatch(args.device, device_name(dev), cluster)
+        if mismatch:
+            _say(f"warning: {mismatch}")
         rows = run_check(
             configs,
             cluster,
@@ -313,7 +340,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 log=_say,
             )
             rows = list(result.check)
-    print(_check_json(rows, args.device) if args.format == "json" else _check_table(rows))
+    print(_check_json(rows, args.device, mismatch) if args.format == "json" else _check_table(rows))
+    if mismatch:
+        _say(f"warning: {mismatch}")
     return EXIT_OK
 
 
@@ -336,7 +365,8 @@ def _cmd_host(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         cold_cache=args.cold_cache,
         check=not args.no_check,
-        fp8=args.fp8,
+        fp8=args.fp8 or args.fp8_emulated,
+        fp8_emulated=args.fp8_emulated,
         sustain_s=args.sustain,
         log=_say,
     )
@@ -383,6 +413,14 @@ def add_calibrate_parser(sub: Any) -> None:
             "--threads", type=_whole(1), default=1, help="CPU threads per rank (default 1: one rank = one core)"
         )
 
+    def fp8_emulated_opt(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--fp8-emulated",
+            action="store_true",
+            help="--fp8 on a device without FP8 tensor cores (the CPU): times PyTorch's emulated FP8 GEMM, to test "
+            "the FP8 pipeline; the times say nothing about FP8 hardware",
+        )
+
     def sustain_opt(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--sustain",
@@ -403,6 +441,7 @@ def add_calibrate_parser(sub: Any) -> None:
     prof.add_argument(
         "--fp8", action="store_true", help="also time the FP8 GEMMs of FP8 training (needs FP8 tensor cores: H100...)"
     )
+    fp8_emulated_opt(prof)
     prof.add_argument("--collectives", action="store_true", help="also time collectives between local ranks")
     prof.add_argument("--ranks", type=int, default=2, help="processes for --collectives (default 2)")
     prof.add_argument("--warmup", type=_whole(0), default=2)
@@ -474,6 +513,7 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument("--rounds", type=_whole(1), default=2, help="interleaved check rounds over the configurations")
     host.add_argument("--no-check", action="store_true", help="stop after writing the profiles")
     host.add_argument("--fp8", action="store_true", help="also time FP8 GEMMs (profile --fp8); the check stays 16-bit")
+    fp8_emulated_opt(host)
     sustain_opt(host)
     host.add_argument("--format", choices=("table", "json"), default="table")
     host.set_defaults(func=_cmd_host)

@@ -69,6 +69,7 @@ __all__ = [
     "ProfileReport",
     "Shape",
     "collective_shapes",
+    "fp8_refusal",
     "fp8_support",
     "missing_shapes",
     "model_shapes",
@@ -270,7 +271,7 @@ def _read_manifest(out: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return {str(k): str(v) for k, v in data["shapes"].items()}
-    except (json.JSONDecodeError, KeyError, AttributeError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, AttributeError, TypeError):
         raise CalibrationError(f"{path}: not a profile manifest; remove it or use an empty --out folder") from None
 
 
@@ -297,7 +298,7 @@ def _done_counts(out: Path) -> Counter[str]:
 
 
 def _has_rows(path: Path) -> bool:
-    with path.open(encoding="utf-8") as fh:
+    with path.open("rb") as fh:  # bytes: a file that is not UTF-8 is reported by read_rows, with its name
         return sum(1 for _ in fh) > 1
 
 
@@ -325,9 +326,9 @@ def missing_shapes(out: Path) -> list[tuple[str, str]]:
     reasons: dict[str, str] = {}
     path = out / FAILURES
     if path.is_file():
-        with path.open(newline="", encoding="utf-8") as fh:
+        with path.open(newline="", encoding="utf-8", errors="replace") as fh:  # reasons only: never fatal
             for rec in csv.DictReader(fh):
-                reasons[rec.get("shape", "")] = rec.get("reason", "")
+                reasons[rec.get("shape") or ""] = rec.get("reason") or ""
     return [(key, reasons.get(key, "not measured")) for key in sorted(planned) if key not in done]
 
 
@@ -456,19 +457,68 @@ def _fp8_gemm(shape: Shape, dev: Any) -> Callable[[], Any]:
     return lambda: torch._scaled_mm(x, w.t(), scale_a=scale, scale_b=scale, out_dtype=out)
 
 
-def fp8_support(dev: Any) -> str:
-    """Why FP8 GEMMs cannot be timed on ``dev`` ("" when they can)."""
-    torch = require_torch()
-    if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
-        return f"PyTorch {torch.__version__} has no FP8 matmul (torch._scaled_mm needs PyTorch >= 2.1)"
-    if dev.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(dev)
-        if (major, minor) < (8, 9):
+# FP8 tensor cores start at compute capability 8.9 (Ada: L40S; Hopper: H100, H200; Blackwell: B200).
+FP8_CAPABILITY = (8, 9)
+
+
+def fp8_refusal(
+    dev_type: str,
+    *,
+    capability: tuple[int, int] | None = None,
+    name: str = "",
+    torch_version: str = "",
+    has_fp8_matmul: bool = True,
+    emulated: bool = False,
+) -> str:
+    """Why FP8 GEMMs must not be timed on a device ("" when they may): the decision of :func:`fp8_support`,
+    without PyTorch or a GPU.
+
+    A CPU has no FP8 arithmetic: ``torch._scaled_mm`` runs an emulated reference path there (about 0.06 GFLOP/s
+    whatever the size) whose times say nothing about FP8 hardware, so it is refused unless ``emulated`` (the
+    ``--fp8-emulated`` option, for exercising the FP8 pipeline on a machine without FP8 tensor cores). A CUDA
+    device needs compute capability 8.9 or higher.
+
+    >>> fp8_refusal("cuda", capability=(9, 0), name="NVIDIA H100 80GB HBM3")
+    ''
+    >>> fp8_refusal("cpu", emulated=True)
+    ''
+    """
+    if not has_fp8_matmul:
+        return f"PyTorch {torch_version} has no FP8 matmul (torch._scaled_mm needs PyTorch >= 2.1)"
+    if dev_type == "cuda":
+        if capability is not None and tuple(capability) < FP8_CAPABILITY:
+            major, minor = capability
             return (
-                f"{torch.cuda.get_device_name(dev)} (compute capability {major}.{minor}) has no FP8 tensor cores; "
-                "they start at 8.9 (Ada, Hopper, Blackwell)"
+                f"{name or 'this GPU'} (compute capability {major}.{minor}) has no FP8 tensor cores; they start at "
+                "8.9 (Ada, Hopper, Blackwell: L40S, H100, H200, B200)"
             )
-    return ""
+        return ""
+    if emulated:
+        return ""
+    return (
+        f"--device {dev_type} has no FP8 tensor cores (they start at CUDA compute capability 8.9: L40S, H100, H200, "
+        "B200) and PyTorch would time an emulated torch._scaled_mm that says nothing about FP8 hardware; run on "
+        "such a GPU with --device cuda, or pass --fp8-emulated to time the emulation anyway (a test of the FP8 "
+        "pipeline, not a calibration)"
+    )
+
+
+def fp8_support(dev: Any, *, emulated: bool = False) -> str:
+    """Why FP8 GEMMs cannot be timed on ``dev`` ("" when they can; :func:`fp8_refusal` decides)."""
+    torch = require_torch()
+    has = hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")
+    capability = name = None
+    if has and dev.type == "cuda":
+        capability = tuple(torch.cuda.get_device_capability(dev))
+        name = str(torch.cuda.get_device_name(dev))
+    return fp8_refusal(
+        dev.type,
+        capability=capability,
+        name=name or "",
+        torch_version=str(torch.__version__),
+        has_fp8_matmul=has,
+        emulated=emulated,
+    )
 
 
 def _adam(shape: Shape, dev: Any) -> Callable[[], Any]:
@@ -659,9 +709,13 @@ def run_profile(
     collectives: Sequence[Shape] = (),
     launch_overhead: bool | None = None,
     sustain_s: float = 0.0,
+    fp8_emulated: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> ProfileReport:
     """Time ``shapes`` (and ``collectives``) into ``out``, resuming whatever an earlier run measured.
+
+    FP8 shapes need FP8 tensor cores (:func:`fp8_refusal`); ``fp8_emulated`` allows timing PyTorch's emulated
+    FP8 GEMM on a CPU, to test the FP8 pipeline rather than to calibrate it.
 
     With ``passes`` > 1 every shape is timed once per pass, the passes one after the other, and each pass
     writes its own row: a burst of interference from other processes (a shared CPU, a GPU clock dip) then
@@ -682,10 +736,14 @@ def run_profile(
     """
     dev = setup_device(device, threads if device == "cpu" else None)
     torch = require_torch()
-    if any(s.precision == "fp8" for s in shapes) and (why := fp8_support(dev)):
-        raise CalibrationError(f"FP8 profiling: {why}; profile without --fp8")
-    out.mkdir(parents=True, exist_ok=True)
     say = log or (lambda _msg: None)
+    if any(s.precision == "fp8" for s in shapes):
+        why = fp8_support(dev, emulated=True) if fp8_emulated else fp8_support(dev)
+        if why:
+            raise CalibrationError(f"FP8 profiling: {why}; profile without --fp8")
+        if dev.type != "cuda":
+            say("--fp8-emulated: timing PyTorch's emulated FP8 GEMM on the CPU (tests the pipeline, not FP8 hardware)")
+    out.mkdir(parents=True, exist_ok=True)
     planned = _read_manifest(out)
     todo = list(shapes) + list(collectives)
     if launch_overhead is None:
@@ -801,7 +859,10 @@ def _run_collectives(
     torch = require_torch()
     ranks = shapes[0].ranks
     if dev_type == "cuda" and torch.cuda.device_count() < ranks:
-        raise CalibrationError(f"--ranks {ranks}: only {torch.cuda.device_count()} GPUs are visible")
+        raise CalibrationError(
+            f"--ranks {ranks}: only {torch.cuda.device_count()} GPUs are visible; give --ranks "
+            f"{torch.cuda.device_count()} or fewer (one process per GPU), or make more GPUs visible"
+        )
     before = len(_done_keys(out))
     payload = [(s.op, s.bytes, s.key) for s in shapes]
     # Collectives between processes are at the mercy of the scheduler (a preempted rank stalls the others

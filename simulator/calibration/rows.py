@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from simulator.errors import CalibrationError
+from simulator.specs.calibration import COLLECTIVES
 
 __all__ = [
     "COLUMNS",
@@ -38,8 +39,11 @@ __all__ = [
     "SUSTAINED_PROBES",
     "Measurement",
     "RowAppender",
+    "input_file",
     "memory_class",
+    "not_utf8",
     "read_rows",
+    "read_text",
     "write_rows",
 ]
 
@@ -80,6 +84,13 @@ class Measurement:
             raise CalibrationError(f"measurement kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if not (self.time_s > 0 and math.isfinite(self.time_s)):
             raise CalibrationError(f"measurement {self.op!r}: time_s must be a positive number, got {self.time_s}")
+        if self.kind == "collective" and self.op not in COLLECTIVES:
+            # A calibration table accepts only these (specs.calibration); a row with any other op would be
+            # fitted into a table that clustersim cannot load.
+            raise CalibrationError(
+                f"collective measurement: op must be one of {', '.join(COLLECTIVES)}, got {self.op!r}; "
+                "rename the op or remove the row"
+            )
 
 
 COLUMNS = tuple(f.name for f in fields(Measurement))
@@ -140,7 +151,7 @@ class RowAppender:
         path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not path.exists() or path.stat().st_size == 0
         if not fresh:
-            with path.open(encoding="utf-8") as fh:
+            with path.open(encoding="utf-8", errors="replace") as fh:
                 header = fh.readline().strip().split(",")
             if tuple(header) != COLUMNS:
                 raise CalibrationError(
@@ -174,6 +185,38 @@ class RowAppender:
         self.close()
 
 
+def input_file(path: Path, what: str) -> None:
+    """Raise a CalibrationError unless ``path`` is a file one can open (it names the path and says why not).
+
+    ``what`` is what the command expects there, e.g. ``a Chrome trace JSON from torch.profiler``.
+    """
+    if path.is_dir():
+        raise CalibrationError(f"{path}: is a directory, not a file; give {what}")
+    if not path.exists():
+        raise CalibrationError(f"{path}: no such file; give {what}")
+    if not path.is_file():
+        raise CalibrationError(f"{path}: not a regular file; give {what}")
+
+
+def not_utf8(path: Path, err: UnicodeDecodeError, what: str) -> CalibrationError:
+    """The error for a file that is not UTF-8 text (a binary file, or text saved in another encoding)."""
+    return CalibrationError(
+        f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start} is not valid UTF-8); "
+        f"give {what}, saved as UTF-8 text"
+    )
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path``, or a CalibrationError naming the file and why it cannot be read."""
+    input_file(path, what)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise not_utf8(path, err, what) from None
+    except OSError as err:
+        raise CalibrationError(f"{path}: cannot be read ({err.strerror or err}); give {what}") from None
+
+
 def _parse(path: Path, line: int, column: str, text: str) -> object:
     try:
         if column in _INTS:
@@ -201,6 +244,17 @@ def read_rows(paths: Sequence[Path]) -> list[Measurement]:
         raise CalibrationError(f"no measurement CSVs found in {', '.join(map(str, paths))}; run profile or an importer")
     out: list[Measurement] = []
     for path in files:
+        out += _read_csv(path)
+    return out
+
+
+_WHAT = "a measurement CSV (written by calibrate profile or an importer)"
+
+
+def _read_csv(path: Path) -> list[Measurement]:
+    """The rows of one measurement CSV; a file that is not UTF-8 text or not CSV is a CalibrationError."""
+    out: list[Measurement] = []
+    try:
         with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
             missing = [c for c in ("kind", "op", "time_s") if c not in (reader.fieldnames or [])]
@@ -214,4 +268,10 @@ def read_rows(paths: Sequence[Path]) -> list[Measurement]:
                     out.append(Measurement(**values))  # type: ignore[arg-type]
                 except CalibrationError as err:
                     raise CalibrationError(f"{path}: line {i}: {err}") from None
+    except UnicodeDecodeError as err:
+        raise not_utf8(path, err, _WHAT) from None
+    except csv.Error as err:
+        raise CalibrationError(f"{path}: not a readable CSV ({err}); give {_WHAT}") from None
+    except OSError as err:
+        raise CalibrationError(f"{path}: cannot be read ({err.strerror or err}); give {_WHAT}") from None
     return out

@@ -22,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from simulator.calibration.fit import fit_table, holdout_errors
+from simulator.calibration.fit import _peak_precision, fit_table, holdout_errors
 from simulator.calibration.host import cluster_mapping, device_mapping, host_cluster, host_device, write_yaml
 from simulator.calibration.rows import Measurement, read_rows
-from simulator.errors import CalibrationError
+from simulator.errors import CalibrationError, SpecError
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import DeviceSpec
 
@@ -74,10 +74,46 @@ def fit_files(
     derived = device is None
     if device is None:
         device = host_device(rows, name=name, ranks=ranks)
+    _check_peaks(rows, device, derived)
     options: dict[str, Any] = {"min_bin_rows": 1, "generic_memory": "unclassified"} if own_profile(rows) else {}
     table = fit_table(rows, device, name=name, source=_source(rows), provenance=_provenance(rows), **options)
     residuals = holdout_errors(rows, device, holdout_every=holdout_every, **options) if holdout_every > 1 else {}
     return FitResult(table, device, derived, tuple(rows), residuals, missing)
+
+
+def _check_peaks(rows: Sequence[Measurement], device: DeviceSpec, derived: bool) -> None:
+    """Raise a CalibrationError when ``device`` has no peak for the precision of some GEMM or attention rows:
+    their efficiencies need the peak of the device they were measured on."""
+    by_peak: dict[str, list[Measurement]] = {}
+    for r in rows:
+        if r.kind in ("gemm", "attention") and not r.op.startswith("probe."):
+            by_peak.setdefault(_peak_precision(r.precision), []).append(r)
+    for peak, group in sorted(by_peak.items()):
+        try:
+            device.peak(peak)
+        except SpecError:
+            pass
+        else:
+            continue
+        first = group[0]
+        precisions = ", ".join(sorted({r.precision or "(empty)" for r in group}))
+        measured = sorted({r.device for r in group if r.device})
+        on = f"; the rows say they were measured on {', '.join(measured)}" if measured else ""
+        what = (
+            f"{len(group)} GEMM/attention rows at precision {precisions} (e.g. {first.op!r} from "
+            f"{first.source or 'an unnamed source'}) need the device's {peak} peak{on}"
+        )
+        if derived:
+            have = ", ".join(p for p, _ in device.peak_flops)
+            raise CalibrationError(
+                f"{what}, but without --device the efficiencies are relative to a device derived from the rows' "
+                f"own GEMMs, which has only a {have} peak; --device must name the device the rows were measured "
+                f"on (a built-in device such as H100-SXM5-80GB, or a device YAML with peak_tflops_{peak})"
+            )
+        raise CalibrationError(
+            f"{what}, but device {device.name} has no peak_tflops_{peak}; --device must name the device the rows "
+            f"were measured on, and its profile must give peak_tflops_{peak}"
+        )
 
 
 def _source(rows: Sequence[Measurement]) -> str:
@@ -167,6 +203,7 @@ def run_host(
     cold_cache: bool = False,
     check: bool = True,
     fp8: bool = False,
+    fp8_emulated: bool = False,
     sustain_s: float = 0.0,
     log: Callable[[str], None] | None = None,
 ) -> HostResult:
@@ -175,6 +212,8 @@ def run_host(
     With ``fp8`` the profile also times the FP8 GEMMs (``profile --fp8``), so the table gets a ``gemm:fp8``
     curve and the device an FP8 peak; the check's real steps stay 16-bit. With ``sustain_s`` it also times the
     peak GEMM under that many seconds of load (``profile --sustain``), which gives ``sustained_gemm_ratio``.
+    FP8 needs FP8 tensor cores; ``fp8_emulated`` times PyTorch's emulated FP8 GEMM on a CPU instead
+    (:func:`~simulator.calibration.profile.fp8_refusal`).
     """
     from simulator.calibration.check import CPU_CONFIGS, GPU_CONFIGS, run_check
     from simulator.calibration.profile import collective_shapes, model_shapes, probe_shapes, run_profile
@@ -187,7 +226,10 @@ def run_host(
     if ranks is None:
         ranks = _default_ranks(device)
     if ranks < 1:
-        raise CalibrationError(f"--ranks must be >= 1, got {ranks}")
+        raise CalibrationError(
+            f"--ranks must be >= 1 (processes, one per simulated device), got {ranks}; give --ranks 1 or more, or "
+            "leave it out for the default (2 CPU processes, or every GPU up to 8)"
+        )
     configs = tuple(c for c in configs if c.ranks <= ranks)
     shapes: dict[str, Any] = {}
     for cfg in configs:
@@ -206,6 +248,7 @@ def run_host(
         cold_cache=cold_cache,
         collectives=collective_shapes(ranks, device) if ranks > 1 else (),
         sustain_s=sustain_s,
+        fp8_emulated=fp8_emulated,
         log=say,
     )
     if report.missing:

@@ -26,7 +26,7 @@ def test_tiny_loop_profile_fit_check_and_simulate(tmp_path: Path, capsys: pytest
     host = tmp_path / "host"
     code, out, err = run(
         ["calibrate", "host", "--configs", "tiny", "--micro-batch", "1,2", "--ranks", "1", "--steps", "2",
-         "--warmup", "1", "--repeats", "3", "--fp8", "--out", str(host), "--format", "json"],
+         "--warmup", "1", "--repeats", "3", "--fp8-emulated", "--out", str(host), "--format", "json"],
         capsys,
     )  # fmt: skip
     assert code == 0, err
@@ -81,7 +81,7 @@ def test_fp8_profile_calibrates_fp8_gemms(tmp_path: Path, capsys: pytest.Capture
     model = tmp_path / "tiny.yaml"
     model.write_text("name: tiny\nlayers: 2\nhidden: 64\nheads: 4\nffn_hidden: 256\nvocab: 320\nseq_len: 32\n")
     prof = tmp_path / "prof"
-    argv = ["calibrate", "profile", "--model", str(model), "--fp8", "--repeats", "2", "--out", str(prof)]
+    argv = ["calibrate", "profile", "--model", str(model), "--fp8-emulated", "--repeats", "2", "--out", str(prof)]
     code, out, err = run(argv, capsys)
     assert code == 0, err
     table, device = tmp_path / "t.yaml", tmp_path / "d.yaml"

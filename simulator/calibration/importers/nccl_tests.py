@@ -15,13 +15,17 @@ The group spans nodes (scope ``network``) when the rank lines name more than one
 from __future__ import annotations
 
 import csv
+import math
 import re
 from pathlib import Path
 
-from simulator.calibration.rows import Measurement
+from simulator.calibration.rows import Measurement, input_file, not_utf8
 from simulator.errors import CalibrationError
+from simulator.specs.calibration import COLLECTIVES
 
-__all__ = ["import_nccl_tests", "import_vtrain_table"]
+__all__ = ["collective_name", "import_nccl_tests", "import_vtrain_table"]
+
+_WHAT = "nccl-tests output or a vTrain table"
 
 _COLLECTIVES = {
     "all_reduce": "all_reduce",
@@ -42,24 +46,60 @@ def _collective_from(text: str) -> str | None:
     return _COLLECTIVES.get(key) or _COLLECTIVES.get(key.replace("_", ""))
 
 
+def collective_name(text: str) -> str:
+    """The calibration-table name of a collective given as ``text`` (``all_reduce``, ``allreduce``,
+    ``all_reduce_perf``...), or a CalibrationError listing the names calibration tables accept.
+
+    >>> collective_name("all_gather_perf"), collective_name("AllReduce")
+    ('all_gather', 'all_reduce')
+    """
+    name = _collective_from(text)
+    if name is None or name not in COLLECTIVES:
+        raise CalibrationError(
+            f"--collective {text!r}: not a collective calibration tables accept; give one of "
+            f"{', '.join(COLLECTIVES)} (nccl-tests' all_reduce_perf is all_reduce, sendrecv_perf is send_recv)"
+        )
+    return name
+
+
+def _dropped_note(path: Path, lines: list[int], why: str) -> str:
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    return f"{path}: dropped {len(lines)} data line(s) with {why}: line {shown}"
+
+
 def import_nccl_tests(
-    path: Path, *, collective: str | None = None, device: str = "", ranks: int | None = None
+    path: Path,
+    *,
+    collective: str | None = None,
+    device: str = "",
+    ranks: int | None = None,
+    notes: list[str] | None = None,
 ) -> list[Measurement]:
     """Rows from one nccl-tests output file.
 
     ``collective`` and ``ranks`` override what the header says (older versions do not name the test).
+    Data lines with a zero or negative size or time are dropped; ``notes`` (when given) gets one line saying
+    how many and which.
     """
+    input_file(path, "nccl-tests output")
+    name_given = collective_name(collective) if collective else None
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        raw = path.read_bytes()
     except OSError as err:
-        raise CalibrationError(f"{path}: cannot be read ({err}); give nccl-tests output") from None
+        raise CalibrationError(f"{path}: cannot be read ({err.strerror or err}); give nccl-tests output") from None
+    decode_error: UnicodeDecodeError | None = None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:  # a stray byte in a log is tolerated; a binary file has no data lines
+        decode_error = err
+        text = raw.decode("utf-8", errors="replace")
     hosts: set[str] = set()
     rank_lines = 0
     n_gpus = n_threads = 1
     detected = None
     gpu_name = ""
-    data: list[list[str]] = []
-    for line in text.splitlines():
+    data: list[tuple[int, list[str]]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped:
             continue
@@ -80,25 +120,38 @@ def import_nccl_tests(
             continue
         tokens = stripped.split()
         if len(tokens) >= 8 and tokens[0].isdigit():
-            data.append(tokens)
-    name = collective or detected or _collective_from(path.stem.split(".")[0])
+            data.append((lineno, tokens))
+    if not data and decode_error is not None:
+        raise not_utf8(path, decode_error, "nccl-tests output")
+    name = name_given or detected or _collective_from(path.stem.split(".")[0])
     if name is None:
         raise CalibrationError(
-            f"{path}: cannot tell which collective this is; pass --collective (all_reduce, all_gather, ...)"
+            f"{path}: cannot tell which collective this is; pass --collective ({', '.join(COLLECTIVES)})"
         )
     if not data:
-        raise CalibrationError(f"{path}: no nccl-tests data lines (size count type ... time algbw busbw) found")
+        raise CalibrationError(
+            f"{path}: no nccl-tests data lines (size count type ... time algbw busbw) found; give the standard "
+            "output of an nccl-tests binary such as all_reduce_perf"
+        )
     n = ranks or rank_lines or n_gpus * n_threads
     scope = "network" if len(hosts) > 1 else "domain"
     rows = []
-    for i, tokens in enumerate(data):
+    dropped: list[int] = []
+    for lineno, tokens in data:
         size = float(tokens[0])
         trailing = tokens[-8:] if len(tokens) >= 13 else tokens[-4:]
         try:
             time_us = float(trailing[0])
         except ValueError:
-            raise CalibrationError(f"{path}: data line {i + 1}: cannot read a time from {tokens!r}") from None
+            time_us = math.nan
+        if not math.isfinite(time_us):
+            raise CalibrationError(
+                f"{path}: line {lineno}: cannot read a time in microseconds from {trailing[0]!r} (line {tokens!r}); "
+                "a data line is size count type redop root, then time algbw busbw #wrong out of place (and again "
+                "in place); fix or remove the line"
+            )
         if size <= 0 or time_us <= 0:
+            dropped.append(lineno)
             continue
         rows.append(
             Measurement(
@@ -114,30 +167,60 @@ def import_nccl_tests(
                 note=f"hosts={len(hosts) or 1}",
             )
         )
+    if dropped and notes is not None:
+        notes.append(_dropped_note(path, dropped, "a zero or negative size or time (nothing to fit)"))
     return rows
 
 
-def import_vtrain_table(path: Path, *, device: str = "A100-SXM4-80GB", ranks: int | None = None) -> list[Measurement]:
-    """Rows from a vTrain ``a100_all_reduce_<n>gpu.txt`` table (one node, NVSwitch)."""
+def import_vtrain_table(
+    path: Path, *, device: str = "A100-SXM4-80GB", ranks: int | None = None, notes: list[str] | None = None
+) -> list[Measurement]:
+    """Rows from a vTrain ``a100_all_reduce_<n>gpu.txt`` table (one node, NVSwitch).
+
+    Lines with fewer than four cells or a zero or negative size or time are dropped; ``notes`` (when given)
+    gets a line saying how many and which.
+    """
+    input_file(path, "a vTrain table (size(B),count,type,time(ns),...)")
     m = re.search(r"(\d+)gpu", path.name)
     n = ranks or (int(m.group(1)) if m else None)
     if n is None:
-        raise CalibrationError(f"{path}: cannot tell the GPU count from the name; pass --ranks")
+        raise CalibrationError(
+            f"{path}: cannot tell the GPU count from the name (vTrain names it a100_all_reduce_<n>gpu.txt); "
+            "pass --ranks"
+        )
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             reader = list(csv.reader(fh))
+    except UnicodeDecodeError as err:
+        raise not_utf8(path, err, "a vTrain table") from None
+    except csv.Error as err:
+        raise CalibrationError(f"{path}: not a readable CSV ({err}); give a vTrain table") from None
     except OSError as err:
-        raise CalibrationError(f"{path}: cannot be read ({err})") from None
+        raise CalibrationError(f"{path}: cannot be read ({err.strerror or err}); give a vTrain table") from None
     if not reader or not reader[0] or not reader[0][0].startswith("size"):
-        raise CalibrationError(f"{path}: expected a header starting with size(B),count,type,time(ns)")
+        raise CalibrationError(
+            f"{path}: expected a header starting with size(B),count,type,time(ns); give a vTrain table"
+        )
     rows = []
+    short: list[int] = []
+    dropped: list[int] = []
     for i, rec in enumerate(reader[1:], start=2):
+        if not rec or not any(cell.strip() for cell in rec):
+            continue
         if len(rec) < 4:
+            short.append(i)
             continue
         try:
             size, time_ns = float(rec[0]), float(rec[3])
         except ValueError:
-            raise CalibrationError(f"{path}: line {i}: size or time(ns) is not a number: {rec[:4]!r}") from None
+            size = time_ns = math.nan
+        if not (math.isfinite(size) and math.isfinite(time_ns)):
+            raise CalibrationError(
+                f"{path}: line {i}: size or time(ns) is not a finite number: {rec[:4]!r}; fix or remove the line"
+            )
+        if size <= 0 or time_ns <= 0:
+            dropped.append(i)
+            continue
         rows.append(
             Measurement(
                 kind="collective",
@@ -151,4 +234,9 @@ def import_vtrain_table(path: Path, *, device: str = "A100-SXM4-80GB", ranks: in
                 source=f"VIA-Research/vTrain trace/a100/{path.name}",
             )
         )
+    if notes is not None:
+        if short:
+            notes.append(_dropped_note(path, short, "fewer than 4 cells (size, count, type, time)"))
+        if dropped:
+            notes.append(_dropped_note(path, dropped, "a zero or negative size or time (nothing to fit)"))
     return rows

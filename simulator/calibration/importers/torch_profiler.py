@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from simulator.calibration.rows import Measurement
+from simulator.calibration.rows import Measurement, read_text
 from simulator.errors import CalibrationError
 
 __all__ = ["import_torch_trace"]
@@ -179,12 +179,22 @@ def _classify(op: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
-    """Rows from one Chrome trace; identical operator shapes are merged (median time)."""
+_WHAT = "a Chrome trace JSON from torch.profiler (prof.export_chrome_trace(path))"
+
+
+def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None = None) -> list[Measurement]:
+    """Rows from one Chrome trace; identical operator shapes are merged (median time).
+
+    Events the importer cannot read (no name, ``ts`` or ``dur``...) and NCCL kernels it cannot size or name
+    are skipped; ``notes`` (when given) gets a line saying how many.
+    """
+    text = read_text(path, _WHAT)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise CalibrationError(f"{path}: not a readable Chrome trace JSON ({err})") from None
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise CalibrationError(f"{path}: not a readable Chrome trace JSON ({err}); give {_WHAT}") from None
+    except RecursionError:
+        raise CalibrationError(f"{path}: not a readable Chrome trace JSON (nested too deeply); give {_WHAT}") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise CalibrationError(f"{path}: no traceEvents list; export with prof.export_chrome_trace(path)")
@@ -209,16 +219,20 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
     shapes = {id(op): c for op in ops if (c := _classify(op)) is not None}
     op_time: dict[int, float] = defaultdict(float)
     comm_rows: list[tuple[str, float, float, int]] = []
+    unnamed_comms = unsized_comms = 0
     for kern in kernels:
         kname = kern["name"]
         if "nccl" in kname.lower():
             low = kname.lower().replace("_", "")
             coll = next((v for k, v in _NCCL.items() if k in low), None)
             if coll is None:
+                unnamed_comms += 1
                 continue
             size, group = _comm_size(comms, kern)
-            if size > 0:
+            if size > 0 and float(kern["dur"]) > 0:
                 comm_rows.append((coll, size, float(kern["dur"]) * 1e-6, group))
+            else:
+                unsized_comms += 1
             continue
         ext = _ext_id(kern)
         owners = by_ext.get(ext) or [o for o in ops if o["ts"] <= kern["ts"] <= o["ts"] + o["dur"]]
@@ -233,9 +247,13 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
                 op_time[id(op)] += float(op["dur"])
     groups: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     info: dict[tuple[Any, ...], dict[str, Any]] = {}
+    zero_time = 0
     for op in ops:
         t = op_time.get(id(op))
-        if not t:
+        if t is None:
+            continue  # no kernel of its own (an outer operator whose kernels its inner one owns)
+        if t <= 0:
+            zero_time += 1
             continue
         c = shapes[id(op)]
         key = (op["name"], c["kind"], c.get("m", 0), c.get("n", 0), c.get("k", 0), c.get("batch", 1), c["bytes"])
@@ -280,6 +298,21 @@ def import_torch_trace(path: Path, *, device: str = "") -> list[Measurement]:
                 source=f"PyTorch profiler trace {path.name}",
             )
         )
+    if notes is not None:
+        if skipped:
+            notes.append(
+                f"{path}: skipped {skipped} operator/kernel event(s) it cannot read (no name, a ts or dur that is "
+                "not a finite number >= 0, or args that are not a mapping)"
+            )
+        if zero_time:
+            notes.append(f"{path}: skipped {zero_time} recognised operator(s) timed at zero duration")
+        if unnamed_comms:
+            notes.append(f"{path}: skipped {unnamed_comms} NCCL kernel(s) whose name says no known collective")
+        if unsized_comms:
+            notes.append(
+                f"{path}: skipped {unsized_comms} NCCL kernel(s) without a message size (no record_param_comms "
+                "operator with In/Out msg nelems) or with a zero duration"
+            )
     if not rows:
         unreadable = f" ({skipped} operator/kernel events unreadable: no name, ts or dur)" if skipped else ""
         raise CalibrationError(

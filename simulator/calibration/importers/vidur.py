@@ -19,14 +19,16 @@ Vidur's ``a100`` SKU is the 80 GB part (``A100DeviceSKUConfig.total_memory_gb = 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from simulator.calibration.rows import Measurement
+from simulator.calibration.rows import Measurement, input_file, not_utf8
 from simulator.errors import CalibrationError
+from simulator.specs.calibration import COLLECTIVES
 
 __all__ = ["DEVICES", "import_vidur_compute", "import_vidur_network", "import_vidur_tree"]
 
@@ -98,10 +100,29 @@ def _memory_bytes(op: str, row: pd.Series) -> float | None:
 
 def _read(path: Path, what: str) -> pd.DataFrame:
     """The CSV at ``path``, or a CalibrationError that says why it cannot be read."""
+    input_file(path, what)
     try:
         return pd.read_csv(path)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+    except UnicodeDecodeError as err:
+        raise not_utf8(path, err, what) from None
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         raise CalibrationError(f"{path}: cannot read as CSV ({err}); give {what}") from None
+
+
+def _stat(row: pd.Series, op: str, stat: str) -> float:
+    """``time_stats.<op>.<stat>`` in seconds, NaN where the column is absent or the cell empty."""
+    value = row.get(f"time_stats.{op}.{stat}")
+    return math.nan if value is None or pd.isna(value) else float(value) * _MS
+
+
+def _drop_note(path: Path, empty: list[str], negative: list[str]) -> str:
+    """One line saying which time cells were dropped and why (``empty``/``negative``: ``line N, column C``)."""
+    parts = []
+    if negative:
+        parts.append(f"{len(negative)} zero or negative (first: {negative[0]})")
+    if empty:
+        parts.append(f"{len(empty)} empty (first: {empty[0]})")
+    return f"{path}: dropped {len(empty) + len(negative)} median time cell(s) with no time to fit: " + "; ".join(parts)
 
 
 def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool, whole: bool = False) -> None:
@@ -123,8 +144,10 @@ def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool
         df[col] = values
 
 
-def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurement]:
-    """Rows from one ``mlp.csv`` (GEMMs and memory-bound operators)."""
+def import_vidur_compute(path: Path, device: str | None = None, notes: list[str] | None = None) -> list[Measurement]:
+    """Rows from one ``mlp.csv`` (GEMMs and memory-bound operators).
+
+    Empty, zero or negative median times are dropped; ``notes`` (when given) gets a line saying how many."""
     df = _read(path, "a Vidur mlp.csv")
     missing = [c for c in _SHAPE_COLUMNS if c not in df.columns]
     if missing:
@@ -136,17 +159,20 @@ def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurem
     ops = sorted({c.split(".")[1] for c in df.columns if c.startswith("time_stats.") and c.endswith(".median")})
     source = f"microsoft/vidur data/profiling/compute/{gpu}/{path.parent.name}/mlp.csv"
     rows: list[Measurement] = []
-    for _, row in df.iterrows():
+    empty: list[str] = []
+    negative: list[str] = []
+    for pos, (_, row) in enumerate(df.iterrows()):
         for op in ops:
             median = row[f"time_stats.{op}.median"]
             if pd.isna(median) or median <= 0:
+                (empty if pd.isna(median) else negative).append(f"line {pos + 2}, column time_stats.{op}.median")
                 continue
             common: dict[str, Any] = {
                 "op": op,
                 "precision": "fp16",
                 "time_s": float(median) * _MS,
-                "time_s_min": float(row[f"time_stats.{op}.min"]) * _MS,
-                "time_s_std": float(row[f"time_stats.{op}.std"]) * _MS,
+                "time_s_min": _stat(row, op, "min"),
+                "time_s_std": _stat(row, op, "std"),
                 "device": device,
                 "source": source,
                 "note": f"tp={int(row['num_tensor_parallel_workers'])}",
@@ -169,11 +195,15 @@ def import_vidur_compute(path: Path, device: str | None = None) -> list[Measurem
             size = _memory_bytes(op, row)
             if size is not None:
                 rows.append(Measurement(kind="memory", m=int(row["num_tokens"]), bytes=size, **common))
+    if (empty or negative) and notes is not None:
+        notes.append(_drop_note(path, empty, negative))
     return rows
 
 
-def import_vidur_network(path: Path, device: str | None = None) -> list[Measurement]:
-    """Rows from one ``all_reduce.csv`` or ``send_recv.csv``."""
+def import_vidur_network(path: Path, device: str | None = None, notes: list[str] | None = None) -> list[Measurement]:
+    """Rows from one ``all_reduce.csv`` or ``send_recv.csv``.
+
+    Empty, zero or negative median times are dropped; ``notes`` (when given) gets a line saying how many."""
     df = _read(path, "a Vidur network CSV")
     for col in ("size", "num_workers", "devices_per_node", "collective"):
         if col not in df.columns:
@@ -186,14 +216,22 @@ def import_vidur_network(path: Path, device: str | None = None) -> list[Measurem
                 f"{path}: line {pos + 2}, column 'collective': {name!r} has no time_stats.{name}.median column; "
                 "fix the cell or remove the line"
             )
+        if name not in COLLECTIVES:
+            raise CalibrationError(
+                f"{path}: line {pos + 2}, column 'collective': {name!r} is not a collective calibration tables "
+                f"accept ({', '.join(COLLECTIVES)}); fix the cell or remove the line"
+            )
     node = path.parent.name
     device = device or DEVICES.get(node, node)
     source = f"microsoft/vidur data/profiling/network/{node}/{path.name}"
     rows: list[Measurement] = []
-    for _, row in df.iterrows():
+    empty: list[str] = []
+    negative: list[str] = []
+    for pos, (_, row) in enumerate(df.iterrows()):
         collective = str(row["collective"])
         median = row[f"time_stats.{collective}.median"]
         if pd.isna(median) or median <= 0:
+            (empty if pd.isna(median) else negative).append(f"line {pos + 2}, column time_stats.{collective}.median")
             continue
         workers = int(row["num_workers"])
         per_node = int(row["devices_per_node"])
@@ -206,23 +244,25 @@ def import_vidur_network(path: Path, device: str | None = None) -> list[Measurem
                 ranks=workers,
                 scope="domain" if per_node >= workers else "network",
                 time_s=float(median) * _MS,
-                time_s_min=float(row[f"time_stats.{collective}.min"]) * _MS,
-                time_s_std=float(row[f"time_stats.{collective}.std"]) * _MS,
+                time_s_min=_stat(row, collective, "min"),
+                time_s_std=_stat(row, collective, "std"),
                 device=device,
                 source=source,
                 note=f"devices_per_node={per_node}",
             )
         )
+    if (empty or negative) and notes is not None:
+        notes.append(_drop_note(path, empty, negative))
     return rows
 
 
-def import_vidur_tree(root: Path) -> list[Measurement]:
+def import_vidur_tree(root: Path, notes: list[str] | None = None) -> list[Measurement]:
     """Every ``compute/*/*/mlp.csv`` and ``network/*/*.csv`` under a Vidur ``profiling`` folder."""
     rows: list[Measurement] = []
     for path in sorted(root.glob("compute/*/*/mlp.csv")):
-        rows += import_vidur_compute(path)
+        rows += import_vidur_compute(path, notes=notes)
     for path in sorted(root.glob("network/*/*.csv")):
-        rows += import_vidur_network(path)
+        rows += import_vidur_network(path, notes=notes)
     if not rows:
         raise CalibrationError(f"{root}: no Vidur profiles found (expected compute/<gpu>/<model>/mlp.csv)")
     return rows

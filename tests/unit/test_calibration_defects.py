@@ -1,0 +1,355 @@
+"""Defects of ``clustersim calibrate`` found by adversarial testing: each is now a clean ``error:`` (exit 2)
+that names the file and says what to do, a note on stderr, or a warning, never a traceback or a silent result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from simulator.calibration import check as check_mod
+from simulator.calibration.check import device_mismatch
+from simulator.calibration.host import host_cluster
+from simulator.calibration.importers.nccl_tests import collective_name, import_nccl_tests, import_vtrain_table
+from simulator.calibration.importers.torch_profiler import import_torch_trace
+from simulator.calibration.importers.vidur import import_vidur_network
+from simulator.calibration.profile import _read_manifest, fp8_refusal
+from simulator.calibration.rows import COLUMNS, Measurement, RowAppender, read_rows, write_rows
+from simulator.cli import main
+from simulator.errors import CalibrationError
+from simulator.specs.calibration import COLLECTIVES
+from simulator.specs.hardware import DeviceSpec
+from simulator.specs.library import load_cluster
+
+BINARY = b'\xff\xfe{"a":1}'
+NCCL_HEADER = """\
+# nThread 1 nGpus 2 minBytes 0 maxBytes 128 step: 2(factor) warmup iters: 5 iters: 20
+# Collective test starting: all_reduce_perf
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+"""
+NCCL_LINE = "{size:>12} 2 float sum -1 {time} 0.00 0.00 0 11.23 0.00 0.00 0\n"
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def nccl_output(*lines: tuple[int, str]) -> str:
+    return NCCL_HEADER + "".join(NCCL_LINE.format(size=size, time=time) for size, time in lines)
+
+
+def measurement_csv(path: Path, rows: list[dict[str, str]]) -> Path:
+    lines = [",".join(COLUMNS)] + [",".join(row.get(c, "") for c in COLUMNS) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# -- 1. non-UTF-8 input is a clean error naming the file -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "command", "prefix"),
+    [
+        ("rows.csv", ["calibrate", "fit"], b""),
+        ("trace.json", ["calibrate", "import-torch-profiler"], b""),
+        ("all_reduce.txt", ["calibrate", "import-nccl-tests"], b""),
+        ("a100_all_reduce_8gpu.txt", ["calibrate", "import-nccl-tests"], b"size(B),count,type,time(ns)\n"),
+        ("mlp.csv", ["calibrate", "import-vidur"], b""),
+        ("all_reduce.csv", ["calibrate", "import-vidur"], b""),
+    ],
+)
+def test_non_utf8_input_is_a_clean_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, command: list[str], prefix: bytes
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(prefix + BINARY)
+    out = tmp_path / ("t.yaml" if command[-1] == "fit" else "rows.csv")
+    code, _, err = run([*command, str(path), "--out", str(out)], capsys)
+    assert code == 2
+    assert err.startswith(f"error: {path}: not UTF-8 text (byte 0xff at offset {len(prefix)}")
+    assert "saved as UTF-8" in err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_every_reader_of_a_profile_folder_reports_non_utf8_files(tmp_path: Path) -> None:
+    (tmp_path / "kernels.csv").write_bytes(BINARY)
+    with pytest.raises(CalibrationError, match=r"kernels\.csv: not UTF-8 text"):
+        read_rows([tmp_path])
+    with pytest.raises(CalibrationError, match="exists with other columns"):
+        RowAppender(tmp_path / "kernels.csv")
+    (tmp_path / "manifest.json").write_bytes(BINARY)
+    with pytest.raises(CalibrationError, match=r"manifest\.json: not a profile manifest"):
+        _read_manifest(tmp_path)
+
+
+# -- 2. collectives outside the calibration tables' list are refused ------------------------------------------
+
+
+def test_import_nccl_tests_refuses_an_unknown_collective(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "out.txt"
+    path.write_text(nccl_output((8, "11.4")))
+    out = tmp_path / "rows.csv"
+    code, _, err = run(
+        ["calibrate", "import-nccl-tests", str(path), "--collective", "bogus", "--out", str(out)], capsys
+    )
+    assert code == 2
+    assert "--collective 'bogus'" in err
+    assert ", ".join(COLLECTIVES) in err
+    assert not out.exists()
+    # Aliases nccl-tests uses are translated to the table's name.
+    assert collective_name("allgather") == "all_gather"
+    assert collective_name("reduce_scatter_perf") == "reduce_scatter"
+    code, _, err = run(
+        ["calibrate", "import-nccl-tests", str(path), "--collective", "allreduce", "--out", str(out)], capsys
+    )
+    assert code == 0, err
+    assert {r.op for r in read_rows([out])} == {"all_reduce"}
+
+
+def test_fit_refuses_rows_with_an_unknown_collective(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = measurement_csv(
+        tmp_path / "rows.csv",
+        [{"kind": "collective", "op": "bogus", "bytes": "1048576", "ranks": "8", "scope": "domain", "time_s": "1e-4"}],
+    )
+    table = tmp_path / "t.yaml"
+    code, _, err = run(["calibrate", "fit", str(rows), "--device", "H100-SXM5-80GB", "--out", str(table)], capsys)
+    assert code == 2
+    assert f"{rows}: line 2:" in err
+    assert "'bogus'" in err
+    assert "all_reduce" in err
+    assert not table.exists()
+    with pytest.raises(CalibrationError, match="op must be one of"):
+        Measurement(kind="collective", op="allreduce", time_s=1.0)
+
+
+def test_vidur_network_refuses_an_unknown_collective(tmp_path: Path) -> None:
+    path = tmp_path / "network" / "x" / "bogus.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "time_stats.bogus.min,time_stats.bogus.median,time_stats.bogus.std,num_workers,size,collective,"
+        "devices_per_node\n0.01,0.02,0.001,8,2048,bogus,8\n"
+    )
+    with pytest.raises(CalibrationError, match="line 2, column 'collective': 'bogus' is not a collective"):
+        import_vidur_network(path)
+
+
+# -- 3. --fp8 needs FP8 tensor cores -----------------------------------------------------------------------
+
+
+def test_fp8_is_refused_without_fp8_tensor_cores() -> None:
+    cpu = fp8_refusal("cpu")
+    assert "no FP8 tensor cores" in cpu
+    assert "emulated" in cpu
+    assert "--fp8-emulated" in cpu
+    assert fp8_refusal("cpu", emulated=True) == ""
+    a100 = fp8_refusal("cuda", capability=(8, 0), name="NVIDIA A100-SXM4-80GB")
+    assert "NVIDIA A100-SXM4-80GB (compute capability 8.0) has no FP8 tensor cores" in a100
+    assert "8.9" in a100
+    assert fp8_refusal("cuda", capability=(8, 6), name="RTX 3090", emulated=True) != ""  # CUDA: never emulated
+    assert fp8_refusal("cuda", capability=(8, 9), name="NVIDIA L40S") == ""
+    assert fp8_refusal("cuda", capability=(9, 0), name="NVIDIA H100 80GB HBM3") == ""
+    assert fp8_refusal("cuda", capability=(10, 0), name="NVIDIA B200") == ""
+    assert "no FP8 matmul" in fp8_refusal("cuda", capability=(9, 0), torch_version="2.0.1", has_fp8_matmul=False)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("command", ["profile", "host"])
+def test_fp8_on_the_cpu_is_refused_before_anything_is_timed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    code, _, err = run(
+        ["calibrate", command, "--device", "cpu", "--fp8", "--configs", "tiny", "--out", str(out)], capsys
+    )
+    assert code == 2
+    assert "error: FP8 profiling: --device cpu has no FP8 tensor cores" in err
+    assert "profile without --fp8" in err
+    assert not (out / "kernels.csv").exists()
+    assert not (out / "profile" / "kernels.csv").exists()
+
+
+# -- 4. messages that name the right thing and say what to do -------------------------------------------------
+
+
+def test_fit_of_fp32_rows_without_device_says_device_must_name_the_measured_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = measurement_csv(
+        tmp_path / "trace.csv",
+        [
+            {
+                "kind": "gemm",
+                "op": "aten::addmm",
+                "precision": "fp32",
+                "m": "64",
+                "n": "512",
+                "k": "512",
+                "flops": "33554432.0",
+                "time_s": "0.03",
+                "source": "PyTorch profiler trace t.json",
+            },
+            {"kind": "memory", "op": "aten::add_", "precision": "fp32", "bytes": "3145728.0", "time_s": "0.01"},
+        ],
+    )
+    table = tmp_path / "fittp.yaml"
+    code, _, err = run(["calibrate", "fit", str(rows), "--out", str(table)], capsys)
+    assert code == 2
+    assert "precision fp32" in err
+    assert "--device must name the device the rows were measured on" in err
+    assert "device fittp" not in err
+    code, _, err = run(["calibrate", "fit", str(rows), "--device", "V100-SXM2-32GB", "--out", str(table)], capsys)
+    assert code == 2
+    assert "device V100-SXM2-32GB has no peak_tflops_tf32" in err
+    assert "--device must name the device the rows were measured on" in err
+    assert run(["calibrate", "fit", str(rows), "--device", "H100-SXM5-80GB", "--out", str(table)], capsys)[0] == 0
+
+
+def test_ranks_errors_say_what_to_give(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["calibrate", "host", "--ranks", "0", "--out", str(tmp_path / "h")], capsys)
+    assert code == 2
+    assert "--ranks must be >= 1" in err
+    assert "give --ranks 1 or more" in err
+    code, _, err = run(
+        ["calibrate", "profile", "--configs", "tiny", "--collectives", "--ranks", "1", "--out", str(tmp_path / "p")],
+        capsys,
+    )
+    assert code == 2
+    assert "give --ranks 2 or more, or leave out --collectives" in err
+
+
+def test_nccl_time_that_is_not_a_number_names_the_line_and_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "all_reduce.txt"
+    path.write_text(nccl_output((8, "11.4"), (16, "abc")))
+    with pytest.raises(CalibrationError, match=r"line 5: cannot read a time .*'abc'.*; fix or remove the line"):
+        import_nccl_tests(path)
+    path.write_text(nccl_output((8, "nan")))
+    with pytest.raises(CalibrationError, match=r"line 4: cannot read a time .*'nan'"):
+        import_nccl_tests(path)
+
+
+@pytest.mark.parametrize("command", ["import-nccl-tests", "import-torch-profiler", "fit"])
+def test_a_directory_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    out = tmp_path / ("t.yaml" if command == "fit" else "rows.csv")
+    code, _, err = run(["calibrate", command, str(folder), "--out", str(out)], capsys)
+    assert code == 2
+    if command == "fit":  # fit reads folders of CSVs: an empty one says so
+        assert "no measurement CSVs found" in err
+    else:
+        assert f"error: {folder}: is a directory, not a file" in err
+        assert "no such file" not in err
+
+
+# -- 5. dropped input rows are reported ------------------------------------------------------------------------
+
+
+def test_import_nccl_tests_says_how_many_rows_it_dropped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "all_reduce.txt"
+    path.write_text(nccl_output((0, "1.0"), (8, "11.4"), (16, "0"), (32, "-3.5"), (64, "12.0")))
+    out = tmp_path / "rows.csv"
+    code, text, err = run(["calibrate", "import-nccl-tests", str(path), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert f"note: {path}: dropped 3 data line(s) with a zero or negative size or time" in err
+    assert "line 4, 6, 7" in err
+    assert text.startswith(f"wrote 2 rows to {out}")
+    assert "note(s) above" in text
+    notes: list[str] = []
+    assert len(import_nccl_tests(path, notes=notes)) == 2
+    assert len(notes) == 1
+
+
+def test_other_importers_report_dropped_rows(tmp_path: Path) -> None:
+    vtrain = tmp_path / "a100_all_reduce_8gpu.txt"
+    vtrain.write_text(
+        "size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)\n"
+        "1024,256,float,5000,0.1,5000,0.1\n2048,512,float,0,0,0,0\n4096,1024\n"
+    )
+    notes: list[str] = []
+    assert len(import_vtrain_table(vtrain, notes=notes)) == 1
+    assert any(
+        "dropped 1 data line(s) with a zero or negative size or time (nothing to fit): line 3" in n for n in notes
+    )
+    assert any("fewer than 4 cells" in n and "line 4" in n for n in notes)
+
+    net = tmp_path / "network" / "a100_dgx" / "all_reduce.csv"
+    net.parent.mkdir(parents=True)
+    net.write_text(
+        "time_stats.all_reduce.min,time_stats.all_reduce.median,time_stats.all_reduce.std,num_workers,size,"
+        "collective,devices_per_node\n0.01,0.02,0.001,8,2048,all_reduce,8\n0.01,-0.5,0.001,8,4096,all_reduce,8\n"
+        "0.01,,0.001,8,8192,all_reduce,8\n"
+    )
+    notes = []
+    assert len(import_vidur_network(net, notes=notes)) == 1
+    assert notes == [
+        f"{net}: dropped 2 median time cell(s) with no time to fit: 1 zero or negative (first: line 3, column "
+        "time_stats.all_reduce.median); 1 empty (first: line 4, column time_stats.all_reduce.median)"
+    ]
+
+    trace = tmp_path / "trace.json"
+    events = [
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 100,
+         "args": {"Input Dims": [[64, 128], [128, 256]], "Input type": ["float", "float"]}},
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": "x"},
+        {"cat": "cpu_op", "name": "aten::gelu", "ts": 200, "dur": 0, "args": {"Input Dims": [[64, 256]]}},
+    ]  # fmt: skip
+    trace.write_text(json.dumps({"traceEvents": events}))
+    notes = []
+    assert [r.op for r in import_torch_trace(trace, notes=notes)] == ["aten::mm"]
+    assert any("skipped 1 operator/kernel event(s) it cannot read" in n for n in notes)
+    assert any("skipped 1 recognised operator(s) timed at zero duration" in n for n in notes)
+
+
+# -- 6. check warns when the measured device is not the cluster's ----------------------------------------------
+
+
+def _cpu_cluster() -> Any:
+    device = DeviceSpec(
+        name="host-cpu",
+        vendor="CPU Intel(R) Xeon(R) Processor (1 threads)",
+        peak_flops=(("bf16", 1e11),),
+        hbm_bytes=2**33,
+        hbm_bandwidth_bytes_per_s=1e10,
+    )
+    return host_cluster(device, None, [], name="host-cpu", ranks=2)
+
+
+def test_device_mismatch_between_the_measured_device_and_the_cluster() -> None:
+    h100 = load_cluster("dgx-h100")
+    why = device_mismatch("cpu", "CPU Intel(R) Xeon(R) Processor (1 threads)", h100)
+    assert "--device cpu" in why
+    assert "H100-SXM5-80GB" in why
+    assert "not a CPU" in why
+    assert device_mismatch("cuda", "NVIDIA H100 80GB HBM3", h100) == ""
+    assert "NVIDIA A100-SXM4-80GB" in device_mismatch("cuda", "NVIDIA A100-SXM4-80GB", h100)
+    assert device_mismatch("cuda", "NVIDIA GeForce RTX 4090", h100) == ""  # no model to compare: no warning
+    host = _cpu_cluster()
+    assert device_mismatch("cpu", "CPU AMD EPYC 7R13 (2 threads)", host) == ""
+    assert "a CPU" in device_mismatch("cuda", "NVIDIA H100 80GB HBM3", host)
+
+
+@pytest.mark.torch
+def test_check_warns_when_the_cluster_is_another_device(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.setattr(check_mod, "run_check", lambda *args, **kwargs: [])
+    code, out, err = run(["calibrate", "check", "--device", "cpu", "--cluster", "dgx-h100", "--format", "json"], capsys)
+    assert code == 0, err
+    assert err.startswith("warning: --device cpu times real steps on this CPU")
+    assert "cluster dgx-h100's device H100-SXM5-80GB" in err
+    assert "H100-SXM5-80GB" in json.loads(out)["warning"]
+
+
+def test_write_rows_round_trip_still_holds(tmp_path: Path) -> None:
+    rows = [
+        Measurement(kind="collective", op=op, bytes=8.0, ranks=2, scope="domain", time_s=1e-5) for op in COLLECTIVES
+    ]
+    assert write_rows(rows, tmp_path / "r.csv") == len(COLLECTIVES)
+    assert read_rows([tmp_path / "r.csv"]) == rows

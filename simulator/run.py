@@ -243,6 +243,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
     if vocab != model.vocab:
         # Megatron-LM builds the embedding and output layer for the padded vocabulary (PlanSpec.vocab_divisible_by).
         model = replace(model, vocab=vocab)
+    plan.check_model_layers(model.layers)  # knobs that count layers: a typo beyond the model is bad input
     _check_precision(cluster, plan)  # once, before any candidate: they all share the precision
     if not plan.free_knobs:
         return _run(model, cluster, plan, record, {})

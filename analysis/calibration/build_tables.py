@@ -81,6 +81,11 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
             ),
             ("published", "data/calibration/published/ (attention kernel throughputs published as numbers)"),
             ("files", f"{len(files)} files, {len(rows)} rows"),
+            (
+                "nvlink",
+                f"measured_nvlink_bandwidth_gb_per_s: the fabric the collectives ran on, as "
+                f"hardware_profiles/clusters/{cluster_name}.yaml states it (datasheet)",
+            ),
             ("builder", "analysis/calibration/build_tables.py"),
         )
         source = f"fitted from public kernel and NCCL measurements on {device_name} (see provenance)"
@@ -88,11 +93,15 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
         # A published number is already an aggregate over many runs (a paper's bar, a benchmark's table cell), so
         # every one is kept (min_bin_rows=1) instead of being dropped as a sparse bin beside better-populated ones.
         table = merged(table, fit_table(published, device, name=name, min_bin_rows=1))
+        # The NVLink rate of the system the collectives were measured on (the cluster file cites its datasheet),
+        # so that any cluster using the table scales its in-domain curves by its own rate over this one.
+        nvlink = load_cluster(cluster_name).nvlink_bandwidth_bytes_per_s
+        table = replace(table, measured_nvlink_bandwidth_bytes_per_s=nvlink)
         tables[name] = table
         # Held out the way each part is fitted: profiled rows with the sparse-bin rule, published ones without.
         parts = {**residual_report(profiled, device), **residual_report(published, device, min_bin_rows=1)}
         residuals[name] = dict(sorted(parts.items()))
-        measured.append((table, device, load_cluster(cluster_name).nvlink_bandwidth_bytes_per_s))
+        measured.append((table, device, nvlink))
     tables["default"] = default_table(measured)
     return tables, residuals
 

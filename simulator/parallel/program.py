@@ -139,7 +139,7 @@ def _is_expert_gemm(op: Op) -> bool:
 def expert_load(op: Op, layout: Layout) -> float:
     """How many times the average routed tokens the busiest rank's experts process: the plan's expert imbalance
     for the routed experts' ops (their GEMMs, activation and saved inputs), 1 for every other op."""
-    return layout.plan.expert_imbalance if op.name.startswith("moe.experts") else 1.0
+    return layout.plan.expert_load if op.name.startswith("moe.experts") else 1.0
 
 
 def _routed(op_name: str) -> bool:
@@ -764,7 +764,7 @@ def _routed_bytes(layout: Layout, graph: ModelGraph, tokens: int) -> float:
     """16-bit hidden states of ``tokens`` tokens, each routed to top_k experts, at the busiest rank's share."""
     moe = graph.model.moe
     assert moe is not None
-    return float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_imbalance
+    return float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_load
 
 
 def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:

@@ -54,6 +54,10 @@ class Fields:
         The file (or other source) the mapping came from.
     prefix : str
         Key path of this mapping inside the file (``""`` at top level).
+    keys : iterable of str
+        Every key the reader of this mapping understands. A required key that is missing is matched against
+        the file's *other* keys to suggest a rename of a misspelt one; a key listed here is valid in its own
+        right (``ffn_hidden`` beside a missing ``hidden``), so it is never offered as that rename.
 
     Examples
     --------
@@ -62,7 +66,7 @@ class Fields:
     2
     """
 
-    def __init__(self, data: Any, where: str, prefix: str = "") -> None:
+    def __init__(self, data: Any, where: str, prefix: str = "", keys: Iterable[str] = ()) -> None:
         if not isinstance(data, Mapping):
             raise SpecError(
                 self._join(where, prefix),
@@ -72,6 +76,7 @@ class Fields:
         self.data: Mapping[str, Any] = data
         self.where = where
         self.prefix = prefix
+        self.keys = frozenset(keys)
         self.used: set[str] = set()
 
     @staticmethod
@@ -100,7 +105,13 @@ class Fields:
         value = self.data.get(key)
         if value is None:
             if default is MISSING:
-                typo = difflib.get_close_matches(key, [str(k) for k in self.data if k not in self.used], 1, 0.75)
+                if key in self.data:  # written, but with no value (``hidden:`` or ``hidden: null``)
+                    raise self.error(
+                        key, "is required but missing: it is given no value (null)", f"give {key!r} a value"
+                    )
+                # Only a key nobody reads can be a misspelling of this one (see ``keys``).
+                unknown = [str(k) for k in self.data if k not in self.used and str(k) not in self.keys]
+                typo = difflib.get_close_matches(key, unknown, 1, 0.75)
                 if typo:
                     raise self.error(
                         key, f"is required but missing, and the file has {typo[0]!r}", f"rename {typo[0]!r} to {key!r}"
@@ -119,7 +130,7 @@ class Fields:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"must be a whole number, got {_show(value)}", _number_fix(value))
+            raise self.error(key, f"must be a whole number, got {_show(value)}", _number_fix(value, key))
         _check_range(self, key, value, minimum, maximum)
         return value
 
@@ -137,7 +148,7 @@ class Fields:
         if value is default and default is not MISSING:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.error(key, f"must be a number, got {_show(value)}", _number_fix(value))
+            raise self.error(key, f"must be a number, got {_show(value)}", _number_fix(value, key))
         value = float(value)
         if not math.isfinite(value):
             raise self.error(key, f"must be finite, got {value}", "write a finite number")
@@ -145,6 +156,19 @@ class Fields:
             raise self.error(key, f"must be > 0, got {_fmt(value)}", "write a positive number")
         _check_range(self, key, value, minimum, maximum)
         return value
+
+    def scaled(self, key: str, value: Any, scale: float, fix: str) -> Any:
+        """``value``, read for ``key`` in the unit its name gives, times ``scale`` (to bytes/s, FLOP/s, seconds);
+        ``None`` stays ``None``. A number so large that the product overflows to infinity is refused here, by its
+        key, rather than later by the name of the spec's field in base units."""
+        if value is None:
+            return None
+        out = value * scale
+        if not math.isfinite(out):
+            raise self.error(
+                key, f"is not a realistic figure: {_fmt(value)} overflows once converted from its unit", fix
+            )
+        return out
 
     def boolean(self, key: str, default: Any = MISSING) -> Any:
         """``true`` or ``false``."""
@@ -187,7 +211,7 @@ class Fields:
         out: list[int] = []
         for i, item in enumerate(value):
             if isinstance(item, bool) or not isinstance(item, int):
-                raise self.error(f"{key}[{i}]", f"must be a whole number, got {_show(item)}", _number_fix(item))
+                raise self.error(f"{key}[{i}]", f"must be a whole number, got {_show(item)}", _number_fix(item, key))
             if minimum is not None and item < minimum:
                 raise self.error(f"{key}[{i}]", f"must be >= {minimum}, got {item}", f"use values >= {minimum}")
             out.append(item)
@@ -203,16 +227,17 @@ class Fields:
         out: list[float] = []
         for i, item in enumerate(value):
             if isinstance(item, bool) or not isinstance(item, int | float) or not math.isfinite(item):
-                raise self.error(f"{key}[{i}]", f"must be a finite number, got {_show(item)}", _number_fix(item))
+                raise self.error(f"{key}[{i}]", f"must be a finite number, got {_show(item)}", _number_fix(item, key))
             out.append(float(item))
         return tuple(out)
 
-    def sub(self, key: str, default: Any = MISSING) -> Any:
-        """The nested mapping under ``key`` as a :class:`Fields` (or ``default`` when absent)."""
+    def sub(self, key: str, default: Any = MISSING, *, keys: Iterable[str] = ()) -> Any:
+        """The nested mapping under ``key`` as a :class:`Fields` (or ``default`` when absent); ``keys`` as for
+        the constructor."""
         value = self.raw(key, default)
         if value is default and default is not MISSING:
             return default
-        return Fields(value, self.where, self.path(key))
+        return Fields(value, self.where, self.path(key), keys)
 
     def done(self, *, ignore: Iterable[str] = ()) -> None:
         """Reject keys that were never read, suggesting the closest known key."""
@@ -235,7 +260,8 @@ def _check_range(f: Fields, key: str, value: float, lo: float | None, hi: float 
 
 
 def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+    # Whole numbers as integers, but not the hundreds of digits of a huge float (1e300 stays 1e+300).
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def _kind(value: Any) -> str:
@@ -254,14 +280,58 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-def _number_fix(value: Any) -> str:
+# The unit a key's name gives, by suffix, for the hint on exponent notation (989e12 in peak_tflops_bf16 was
+# meant as 989 TFLOP/s).
+_KEY_UNITS = (
+    ("_tflops", "TFLOP/s"),
+    ("_gbit_per_s", "Gb/s"),
+    ("_gb_per_s", "GB/s"),
+    ("_gib", "GiB"),
+    ("_us", "µs"),
+    ("_watts", "W"),
+    ("_usd", "USD"),
+)
+
+
+def _key_unit(key: str) -> str:
+    for marker, unit in _KEY_UNITS:
+        if marker in key:
+            return unit
+    return ""
+
+
+def _yaml_number(x: float) -> str:
+    """``x`` as YAML 1.1 reads it back as a number: plain when whole, else with a dot and a signed exponent."""
+    if x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    mantissa, exponent = f"{x:.6e}".split("e")
+    mantissa = mantissa.rstrip("0")
+    mantissa += "0" if mantissa.endswith(".") else ""
+    return f"{mantissa}e{int(exponent):+d}"
+
+
+def _number_fix(value: Any, key: str = "") -> str:
+    """The fix for a value that is not a number; ``key`` (the key it was read for) names the unit, if any."""
     if isinstance(value, str) and _NUMBER_TEXT.match(value) and any(c.isdigit() for c in value):
-        if "e" in value.lower():
-            return (
-                "YAML reads exponent notation without a dot (like 989e12) as text: write the plain number, "
-                "using the unit in the key name (989 for peak_tflops_bf16)"
+        text = value.strip()
+        if "e" in text.lower():
+            # PyYAML implements YAML 1.1, whose floats need a dot and a signed exponent: 1.0e+6 is a number,
+            # 1e6 and 1.0e6 are text (yaml.resolver's float pattern).
+            try:
+                meant = float(text)
+            except ValueError:
+                meant = None
+            written = f"write {_yaml_number(meant)}" if meant is not None and math.isfinite(meant) else "write it"
+            fix = (
+                f"YAML reads exponent notation as a number only with a dot and a signed exponent (1.0e+6, not 1e6): "
+                f"{written}"
             )
-        return f"remove the quotes: write {value.strip()}"
+            unit = _key_unit(key.rsplit(".", 1)[-1])
+            if unit:
+                example = " (989e12 FLOP/s is 989 TFLOP/s)" if unit == "TFLOP/s" else ""
+                fix += f", or, as {key} is in {unit}, the figure in that unit{example}"
+            return fix
+        return f"remove the quotes: write {text}"
     return "write a plain number without quotes"
 
 

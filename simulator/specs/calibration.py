@@ -105,7 +105,12 @@ def interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
 
 
 def _check_axis(f: Fields, key: str, xs: tuple[float, ...], ys: tuple[float, ...], ykey: str) -> None:
-    if len(xs) < 1 or len(xs) != len(ys):
+    # One point is enough: a lookup holds it flat (interp); none leaves nothing to look up.
+    if not xs:
+        raise f.error(
+            key, "needs at least one measured point, got an empty list", f"give {key} and {ykey} one value per point"
+        )
+    if len(xs) != len(ys):
         raise f.error(ykey, f"must have as many values as {key}: {len(ys)} vs {len(xs)}", "give one value per point")
     if any(b <= a for a, b in itertools.pairwise(xs)):
         raise f.error(key, "must be strictly increasing", "sort the points and merge duplicates")
@@ -170,9 +175,10 @@ class BandwidthCurve:
     """Achieved bus bandwidth of one collective against log2 of the message size.
 
     A curve with ``reference_bandwidth_bytes_per_s`` was measured on a fabric of that per-GPU bandwidth and is
-    scaled by ``cluster bandwidth / reference`` when used on another cluster. Default tables give it in the
-    file; a cluster's own measured table gets it when a what-if (``--set cluster.nvlink_bandwidth_gb_per_s``)
-    changes the fabric it was measured on (:meth:`CalibrationTable.measured_on`).
+    scaled by ``cluster bandwidth / reference`` when used on another cluster. Default tables give it per curve in
+    the file; a measured table gives it for all its ``domain`` curves at once
+    (``measured_nvlink_bandwidth_gb_per_s``), or else takes the NVLink rate of the cluster file that names it
+    (:meth:`CalibrationTable.measured_on`).
     """
 
     collective: str
@@ -207,10 +213,17 @@ class BandwidthCurve:
             scope=f.choice("scope", SCOPES),
             ranks=f.integer("ranks", minimum=2),
             log2_bytes=xs,
-            busbw_bytes_per_s=tuple(y * GB for y in ys),
+            busbw_bytes_per_s=tuple(
+                f.scaled(f"busbw_gb_per_s[{i}]", y, GB, "give the nccl-tests busbw in GB/s") for i, y in enumerate(ys)
+            ),
             samples=f.integer("samples", 0, minimum=0),
             source=f.text("source", ""),
-            reference_bandwidth_bytes_per_s=f.number("reference_bandwidth_gb_per_s", 0.0, minimum=0.0) * GB,
+            reference_bandwidth_bytes_per_s=f.scaled(
+                "reference_bandwidth_gb_per_s",
+                f.number("reference_bandwidth_gb_per_s", 0.0, minimum=0.0),
+                GB,
+                "give the per-GPU NVLink bandwidth the curve was measured on in GB/s",
+            ),
         )
         f.done()
         return spec
@@ -229,8 +242,24 @@ class CalibrationTable:
     # Throughput of a large GEMM under minutes of back-to-back load over its throughput when profiled as every
     # kernel is (a short burst): the clock a GPU at its power limit settles at. None: not measured.
     sustained_gemm_ratio: float | None = None
+    # NVLink bandwidth per GPU and direction of the fabric the ``domain`` collective curves were measured on (the
+    # file's ``measured_nvlink_bandwidth_gb_per_s``): every cluster using the table scales those curves by its own
+    # NVLink rate over this one. None: not recorded; the cluster file naming the table stands for that fabric.
+    measured_nvlink_bandwidth_bytes_per_s: float | None = None
     provenance: tuple[tuple[str, str], ...] = ()
     source: str = ""
+
+    def __post_init__(self) -> None:
+        measured = self.measured_nvlink_bandwidth_bytes_per_s
+        if measured is not None:
+            if isinstance(measured, bool) or not isinstance(measured, int | float) or not 0 < measured < math.inf:
+                raise SpecError(
+                    "measured_nvlink_bandwidth_bytes_per_s",
+                    f"must be a finite number > 0, got {measured!r}",
+                    "give the per-GPU, per-direction NVLink bandwidth of the measured system",
+                )
+            # Recorded on the curves, where CommModel reads it.
+            object.__setattr__(self, "collectives", _referenced(self.collectives, float(measured)))
 
     def compute_curve(self, op: str, precision: str) -> EfficiencyCurve | None:
         """The curve for ``op`` at ``precision`` (FP16 and BF16 stand in for each other), or None."""
@@ -247,14 +276,15 @@ class CalibrationTable:
 
     def measured_on(self, nvlink_bandwidth_bytes_per_s: float) -> CalibrationTable:
         """A copy whose NVLink-domain curves without a reference record that they were measured on a fabric
-        of ``nvlink_bandwidth_bytes_per_s`` per GPU, so that a cluster with another NVLink rate scales them."""
-        curves = tuple(
-            replace(c, reference_bandwidth_bytes_per_s=nvlink_bandwidth_bytes_per_s)
-            if c.scope == "domain" and not c.reference_bandwidth_bytes_per_s
-            else c
-            for c in self.collectives
-        )
-        return replace(self, collectives=curves)
+        of ``nvlink_bandwidth_bytes_per_s`` per GPU, so that a cluster with another NVLink rate scales them.
+
+        The library passes the rate of the cluster file that names the table: the fallback for a table that does
+        not record its own (``measured_nvlink_bandwidth_bytes_per_s``, already on its curves, which this keeps).
+        """
+        curves = _referenced(self.collectives, nvlink_bandwidth_bytes_per_s)
+        # Unchanged (every domain curve records its fabric): the table itself, so a shipped cluster holds the
+        # very table load_calibration returns.
+        return self if curves == self.collectives else replace(self, collectives=curves)
 
     def bandwidth_curve(self, collective: str, scope: str, ranks: int) -> BandwidthCurve | None:
         """The measured curve for this collective and scope whose group size is nearest ``ranks``."""
@@ -293,6 +323,12 @@ class CalibrationTable:
             overlap_slowdown=f.number("overlap_slowdown", None, minimum=0.0, maximum=1.0),
             launch_overhead_s=_us(f.number("launch_overhead_us", None, minimum=0.0)),
             sustained_gemm_ratio=f.number("sustained_gemm_ratio", None, positive=True, maximum=2.0),
+            measured_nvlink_bandwidth_bytes_per_s=f.scaled(
+                "measured_nvlink_bandwidth_gb_per_s",
+                f.number("measured_nvlink_bandwidth_gb_per_s", None, positive=True),
+                GB,
+                "give the NVLink bandwidth per GPU and direction of the measured system in GB/s (450 for DGX H100)",
+            ),
             provenance=provenance,
             source=f.text("source", ""),
         )
@@ -314,6 +350,9 @@ class CalibrationTable:
             out["launch_overhead_us"] = round(self.launch_overhead_s * 1e6, 3)
         if self.sustained_gemm_ratio is not None:
             out["sustained_gemm_ratio"] = round(self.sustained_gemm_ratio, 4)
+        measured = self.measured_nvlink_bandwidth_bytes_per_s
+        if measured is not None:
+            out["measured_nvlink_bandwidth_gb_per_s"] = round(measured / GB, 3)
         out["compute"] = [
             {
                 "op": c.op,
@@ -326,15 +365,26 @@ class CalibrationTable:
             }
             for c in self.compute
         ]
-        out["collectives"] = [_curve_mapping(b) for b in self.collectives]
+        out["collectives"] = [_curve_mapping(b, measured) for b in self.collectives]
         return out
+
+
+def _referenced(curves: tuple[BandwidthCurve, ...], reference: float) -> tuple[BandwidthCurve, ...]:
+    """``curves`` with ``reference`` as the fabric bandwidth of each ``domain`` curve that records none."""
+    return tuple(
+        replace(c, reference_bandwidth_bytes_per_s=reference)
+        if c.scope == "domain" and not c.reference_bandwidth_bytes_per_s
+        else c
+        for c in curves
+    )
 
 
 def _us(value: float | None) -> float | None:
     return None if value is None else value * 1e-6
 
 
-def _curve_mapping(b: BandwidthCurve) -> dict[str, Any]:
+def _curve_mapping(b: BandwidthCurve, measured: float | None = None) -> dict[str, Any]:
+    """One curve's YAML form; a reference equal to the table's ``measured`` fabric is left to the table's key."""
     out: dict[str, Any] = {
         "collective": b.collective,
         "scope": b.scope,
@@ -342,7 +392,7 @@ def _curve_mapping(b: BandwidthCurve) -> dict[str, Any]:
         "samples": b.samples,
         "source": b.source,
     }
-    if b.reference_bandwidth_bytes_per_s:
+    if b.reference_bandwidth_bytes_per_s and b.reference_bandwidth_bytes_per_s != measured:
         out["reference_bandwidth_gb_per_s"] = round(b.reference_bandwidth_bytes_per_s / GB, 3)
     out["log2_bytes"] = [round(x, 4) for x in b.log2_bytes]
     out["busbw_gb_per_s"] = [round(y / GB, 3) for y in b.busbw_bytes_per_s]

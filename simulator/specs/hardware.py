@@ -18,7 +18,7 @@ from simulator.specs._fields import Fields, check_choices, check_positive, check
 from simulator.specs.calibration import CalibrationTable
 from simulator.units import GB, GBIT, GIB, TFLOP, US
 
-__all__ = ["PRECISIONS", "TOPOLOGIES", "ClusterSpec", "DeviceSpec"]
+__all__ = ["MAX_LATENCY_S", "PRECISIONS", "TOPOLOGIES", "ClusterSpec", "DeviceSpec"]
 
 PRECISIONS = ("fp64", "tf32", "fp16", "bf16", "fp8")
 TOPOLOGIES = ("rail_optimized", "fat_tree")
@@ -26,6 +26,54 @@ TOPOLOGIES = ("rail_optimized", "fat_tree")
 # bandwidth) or as a direct mesh (AMD Infinity Fabric, DGX-1's NVLink cube-mesh: a GPU reaches each peer over
 # its own links, so a group of k uses k - 1 of the n - 1 peer links; communication.CommModel).
 NVLINK_TOPOLOGIES = ("switch", "mesh")
+# The longest per-hop latency a cluster may state: PyTorch's default NCCL process-group timeout, 10 minutes
+# (pytorch/pytorch PR #110947, "Change ProcessGroupNCCL default timeout to 10 min"). A collective step slower than
+# that is aborted by the watchdog, so no cluster that trains can have it; anything above is a typo.
+MAX_LATENCY_S = 600.0
+
+# The keys of a device file and of a cluster file (Fields: a valid key is never suggested as a misspelling).
+_DEVICE_KEYS = (
+    "name",
+    "vendor",
+    *(f"peak_tflops_{p}" for p in PRECISIONS),
+    "hbm_gib",
+    "hbm_bandwidth_gb_per_s",
+    "sm_count",
+    "tdp_watts",
+    "price_per_gpu_hour_usd",
+    "source",
+    "sources",
+    "description",
+)
+_CLUSTER_KEYS = (
+    "name",
+    "device",
+    "calibration",
+    "fabric_calibration",
+    "gpus_per_node",
+    "nvlink_bandwidth_gb_per_s",
+    "nvls",
+    "nvlink_domain_gpus",
+    "nvlink_topology",
+    "nics_per_node",
+    "nic_bandwidth_gbit_per_s",
+    "topology",
+    "oversubscription",
+    "intra_node_latency_us",
+    "inter_node_latency_us",
+    "max_gpus",
+    "description",
+    "source",
+    "sources",
+)
+# A ClusterSpec field in base units and the key of a cluster file that gives it, so that a rule checked on the
+# spec (ClusterSpec.__post_init__) names what the file says.
+_CLUSTER_FILE_KEYS = {
+    "nvlink_bandwidth_bytes_per_s": "nvlink_bandwidth_gb_per_s",
+    "nic_bandwidth_bytes_per_s": "nic_bandwidth_gbit_per_s",
+    "intra_node_latency_s": "intra_node_latency_us",
+    "inter_node_latency_s": "inter_node_latency_us",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,20 +126,26 @@ class DeviceSpec:
     @classmethod
     def from_mapping(cls, data: Any, where: str) -> DeviceSpec:
         """Build from a parsed device file (keys ``peak_tflops_<precision>``, ``hbm_gib``, ...)."""
-        f = Fields(data, where)
+        f = Fields(data, where, keys=_DEVICE_KEYS)
         peaks = {}
         for p in PRECISIONS:
-            value = f.number(f"peak_tflops_{p}", None, positive=True)
+            key = f"peak_tflops_{p}"
+            value = f.scaled(key, f.number(key, None, positive=True), TFLOP, "give the dense datasheet peak in TFLOP/s")
             if value is not None:
-                peaks[p] = value * TFLOP
+                peaks[p] = value
         if "bf16" not in peaks and "fp16" not in peaks:
             raise f.error("peak_tflops_bf16", "is required (or peak_tflops_fp16)", "add the dense BF16 peak")
         spec = cls(
             name=f.text("name"),
             vendor=f.text("vendor", ""),
             peak_flops=tuple(peaks.items()),
-            hbm_bytes=f.number("hbm_gib", positive=True) * GIB,
-            hbm_bandwidth_bytes_per_s=f.number("hbm_bandwidth_gb_per_s", positive=True) * GB,
+            hbm_bytes=f.scaled("hbm_gib", f.number("hbm_gib", positive=True), GIB, "give the HBM capacity in GiB"),
+            hbm_bandwidth_bytes_per_s=f.scaled(
+                "hbm_bandwidth_gb_per_s",
+                f.number("hbm_bandwidth_gb_per_s", positive=True),
+                GB,
+                "give the datasheet HBM bandwidth in GB/s",
+            ),
             sm_count=f.integer("sm_count", 0, minimum=0),
             tdp_watts=f.number("tdp_watts", 0.0, minimum=0.0),
             price_per_gpu_hour_usd=f.number("price_per_gpu_hour_usd", None, minimum=0.0),
@@ -142,6 +196,13 @@ class ClusterSpec:
         check_ranges(self, {"gpus_per_node": 1, "nics_per_node": 1, "nvlink_domain_gpus": 0, "max_gpus": 1})
         check_ranges(self, {"oversubscription": 1.0}, "1 is a non-blocking fabric")
         check_ranges(self, {"intra_node_latency_s": 0.0, "inter_node_latency_s": 0.0})
+        for name in ("intra_node_latency_s", "inter_node_latency_s"):
+            if getattr(self, name) > MAX_LATENCY_S:
+                raise SpecError(
+                    name,
+                    f"must be at most {MAX_LATENCY_S:g} s (PyTorch's NCCL timeout), got {getattr(self, name):g}",
+                    "give the per-hop latency (a few microseconds on NVLink and InfiniBand)",
+                )
         if self.nvlink_domain_gpus == 0:
             object.__setattr__(self, "nvlink_domain_gpus", self.gpus_per_node)
         if self.nvlink_domain_gpus % self.gpus_per_node:
@@ -180,28 +241,48 @@ class ClusterSpec:
         ``device``, ``calibration`` and ``fabric_calibration`` are the objects the file's names of the same
         keys resolve to (the library does that); an inline ``device:`` mapping is read here.
         """
-        f = Fields(data, where)
+        f = Fields(data, where, keys=_CLUSTER_KEYS)
         raw_device = f.raw("device")
         f.raw("calibration", None)
         f.raw("fabric_calibration", None)
         if device is None:
+            if isinstance(raw_device, str):
+                raise f.error(
+                    "device",
+                    f"names {raw_device!r}, which only the library resolves",
+                    "load the file with load_cluster, or pass device=load_device(name)",
+                )
             if not isinstance(raw_device, dict):
-                raise f.error("device", "must be resolved by the library or written inline", "name a device profile")
+                raise f.error(
+                    "device",
+                    f"must name a device profile or describe one inline, got {raw_device!r}",
+                    "write a built-in device name (such as H100-SXM5-80GB), a path, or a mapping of device keys",
+                )
             device = DeviceSpec.from_mapping(raw_device, f"{where}: device")
         spec_kwargs: dict[str, Any] = {
             "name": f.text("name"),
             "device": device,
             "gpus_per_node": f.integer("gpus_per_node", minimum=1),
-            "nvlink_bandwidth_bytes_per_s": f.number("nvlink_bandwidth_gb_per_s", positive=True) * GB,
+            "nvlink_bandwidth_bytes_per_s": f.scaled(
+                "nvlink_bandwidth_gb_per_s",
+                f.number("nvlink_bandwidth_gb_per_s", positive=True),
+                GB,
+                "give the NVLink bandwidth per GPU and direction in GB/s (450 for DGX H100: 900 bidirectional)",
+            ),
             "nvls": f.boolean("nvls", False),
             "nvlink_domain_gpus": f.integer("nvlink_domain_gpus", 0, minimum=1),
             "nvlink_topology": f.choice("nvlink_topology", NVLINK_TOPOLOGIES, "switch"),
             "nics_per_node": f.integer("nics_per_node", minimum=1),
-            "nic_bandwidth_bytes_per_s": f.number("nic_bandwidth_gbit_per_s", positive=True) * GBIT,
+            "nic_bandwidth_bytes_per_s": f.scaled(
+                "nic_bandwidth_gbit_per_s",
+                f.number("nic_bandwidth_gbit_per_s", positive=True),
+                GBIT,
+                "give the line rate of one NIC in Gb/s (400 for ConnectX-7 NDR)",
+            ),
             "topology": f.choice("topology", TOPOLOGIES, "rail_optimized"),
             "oversubscription": f.number("oversubscription", 1.0, minimum=1.0),
-            "intra_node_latency_s": f.number("intra_node_latency_us", 3.0, minimum=0.0) * US,
-            "inter_node_latency_s": f.number("inter_node_latency_us", 6.0, minimum=0.0) * US,
+            "intra_node_latency_s": _latency(f, "intra_node_latency_us", 3.0),
+            "inter_node_latency_s": _latency(f, "inter_node_latency_us", 6.0),
             "calibration": calibration,
             "fabric_calibration": fabric_calibration,
             "max_gpus": f.integer("max_gpus", None, minimum=1),
@@ -212,4 +293,16 @@ class ClusterSpec:
         try:
             return cls(**spec_kwargs)
         except SpecError as err:
-            raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
+            raise SpecError(f"{where}: {_CLUSTER_FILE_KEYS.get(err.where, err.where)}", err.what, err.fix) from None
+
+
+def _latency(f: Fields, key: str, default: float) -> float:
+    """A per-hop latency in µs from a cluster file, in seconds; at most :data:`MAX_LATENCY_S`."""
+    value: float = f.number(key, default, minimum=0.0)
+    if value * US > MAX_LATENCY_S:
+        raise f.error(
+            key,
+            f"must be at most {MAX_LATENCY_S / US:,.0f} µs (PyTorch's 10-minute NCCL timeout), got {value:g}",
+            "give the per-hop latency in µs (about 3 on NVLink, 6 on InfiniBand)",
+        )
+    return value * US

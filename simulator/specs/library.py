@@ -88,6 +88,8 @@ def find_file(kind: str, ref: str | Path) -> Path:
     text = str(ref)
     if isinstance(ref, Path) or _looks_like_path(text):
         path = Path(text).expanduser()
+        if path.is_dir():
+            raise SpecError(text, "is a directory, not a file", f"name the {kind} file inside it, or a built-in {kind}")
         if not path.is_file():
             raise SpecError(text, "file not found", f"check the path, or use a built-in {kind} name")
         return path
@@ -98,6 +100,12 @@ def find_file(kind: str, ref: str | Path) -> Path:
     known = [n for n, _ in names]
     hint = did_you_mean(text, known)
     listing = ", ".join(known) if len(known) <= 40 else ", ".join(known[:40]) + ", ..."
+    if Path(text).expanduser().is_dir():  # a bare folder name: not a built-in, and not a file either
+        raise SpecError(
+            text,
+            f"is a directory, not a {kind} file, nor a built-in {kind}{hint}",
+            f"name a file inside it, or one of: {listing}",
+        )
     raise SpecError(f"{kind} {text!r}", f"is not a built-in {kind}{hint}", f"use one of: {listing}; or a file path")
 
 
@@ -166,33 +174,83 @@ def _resolve_ref(kind: str, ref: str, base: Path, where: str) -> Path:
         raise SpecError(where, f"{err.where} {err.what}", err.fix) from None
 
 
+_TABLE_KEYS = ("calibration", "fabric_calibration")
+
+
 @lru_cache(maxsize=256)
 def _cluster_cached(path_str: str, _mtime: float) -> ClusterSpec:
     path = Path(path_str)
-    data = load_yaml_file(path)
+    return _build_cluster(load_yaml_file(path), path, str(path))
+
+
+def _build_cluster(
+    data: Any,
+    path: Path,
+    where: str,
+    *,
+    overridden: Mapping[str, Any] | None = None,
+    device_overrides: Mapping[str, Any] | None = None,
+    measured_nvlink: float | None = None,
+) -> ClusterSpec:
+    """A cluster from the parsed mapping of the file at ``path``, its device and tables resolved.
+
+    ``overridden`` holds the keys ``--set cluster.*`` changed (their references are resolved like the file's, and
+    errors name the option); ``device_overrides`` changes keys of the device, named or inline. A calibration
+    table that does not record the NVLink rate its collectives were measured on takes ``measured_nvlink``: the
+    rate the file states (the fabric it describes), not one a what-if set.
+    """
+    changed = overridden or {}
+
+    def origin(key: str) -> str:
+        return f"--set cluster.{key}={changed[key]}" if key in changed else f"{path}: {key}"
+
+    def resolve(kind: str, key: str, ref: str) -> Path:
+        if key not in changed:
+            return _resolve_ref(kind, ref, path, origin(key))
+        try:  # given on the command line: a path is relative to the working directory, as --cluster's is
+            return find_file(kind, ref)
+        except SpecError as err:
+            raise SpecError(origin(key), f"{err.where} {err.what}", err.fix) from None
+
     device: DeviceSpec | None = None
-    tables: dict[str, CalibrationTable | None] = {"calibration": None, "fabric_calibration": None}
+    tables: dict[str, CalibrationTable | None] = dict.fromkeys(_TABLE_KEYS)
     if isinstance(data, dict):
         raw_device = data.get("device")
         if isinstance(raw_device, str):
-            dev_path = _resolve_ref("device", raw_device, path, f"{path}: device")
+            dev_path = resolve("device", "device", raw_device)
             device = _device_cached(*_stamp(dev_path))
+            if device_overrides:
+                changed_device = apply_overrides(load_yaml_file(dev_path), device_overrides, "device")
+                device = DeviceSpec.from_mapping(changed_device, f"{device.name} (with --set device.* overrides)")
+        elif isinstance(raw_device, dict):
+            if device_overrides:  # an inline device: the overrides change the mapping the cluster file holds
+                data = {**data, "device": apply_overrides(raw_device, device_overrides, "device")}
+        elif device_overrides:
+            raise SpecError(
+                f"--set device.{next(iter(device_overrides))}",
+                f"cannot change the device: {origin('device')} names none",
+                "give the cluster a device (a built-in name, a path or an inline mapping)",
+            )
         for key in tables:
             raw_cal = data.get(key)
             if isinstance(raw_cal, str):
-                cal_path = _resolve_ref("calibration", raw_cal, path, f"{path}: {key}")
+                cal_path = resolve("calibration", key, raw_cal)
                 tables[key] = _calibration_cached(*_stamp(cal_path))
             elif raw_cal is not None:
-                raise SpecError(f"{path}: {key}", "must name a calibration table", "write its name or path")
+                raise SpecError(origin(key), "must name a calibration table", "write its name or path")
     # A table measured on a sibling part (A100 40 GB vs 80 GB: the same SMs and clocks) may be shared;
     # results name the table and its device, so the transfer is visible.
-    spec = ClusterSpec.from_mapping(data, str(path), device=device, calibration=tables["calibration"])
-    fabric = tables["fabric_calibration"]
-    if fabric is not None:
-        # Named because the fabric is the one the table was measured on: record its NVLink rate, so that a
-        # what-if on this cluster's NVLink scales the curves.
-        spec = replace(spec, fabric_calibration=fabric.measured_on(spec.nvlink_bandwidth_bytes_per_s))
-    return spec
+    spec = ClusterSpec.from_mapping(data, where, device=device)
+    # Each table's NVLink-domain curves are scaled by this cluster's NVLink rate over the rate of the fabric they
+    # were measured on: the table's own record, else the file's (a fabric_calibration is named because that
+    # fabric is identical; a calibration was measured on the node the file describes).
+    reference = spec.nvlink_bandwidth_bytes_per_s if measured_nvlink is None else measured_nvlink
+    own, fabric = tables["calibration"], tables["fabric_calibration"]
+    return replace(
+        spec,
+        calibration=own.measured_on(reference) if own is not None else None,
+        fabric_calibration=fabric.measured_on(reference) if fabric is not None else None,
+    )
 
 
 def load_cluster(
@@ -202,42 +260,26 @@ def load_cluster(
 ) -> ClusterSpec:
     """A cluster by built-in name or path, with its device and calibration table resolved.
 
-    ``overrides`` and ``device_overrides`` change keys of the cluster file and of its device file before
-    the specs are built: the what-if questions (``--set cluster.nics_per_node=4``).
+    ``overrides`` and ``device_overrides`` change keys of the cluster file and of its device (a named device
+    file or an inline mapping) before the specs are built: the what-if questions (``--set
+    cluster.nics_per_node=4``, ``--set cluster.device=B200``, ``--set device.hbm_gib=96``). A changed
+    ``device``, ``calibration`` or ``fabric_calibration`` is resolved as the file's own would be.
     """
     path = find_file("cluster", ref)
     cluster = _cluster_cached(*_stamp(path))
     if not overrides and not device_overrides:
         return cluster
-    device = cluster.device
-    if device_overrides:
-        raw_device = load_yaml_file(_device_path(path, cluster))
-        data = apply_overrides(raw_device, device_overrides, "device")
-        device = DeviceSpec.from_mapping(data, f"{device.name} (with --set device.* overrides)")
-    raw = load_yaml_file(path)
-    data = apply_overrides(raw, overrides or {}, "cluster")
-    if isinstance(data.get("device"), dict) and not device_overrides:
-        device = DeviceSpec.from_mapping(data["device"], f"{path}: device")
-    # The cluster's measured collective curves were taken on the fabric the file describes; record it so that
-    # an NVLink what-if scales them instead of leaving the answer unchanged.
-    calibration = cluster.calibration
-    if calibration is not None:
-        calibration = calibration.measured_on(cluster.nvlink_bandwidth_bytes_per_s)
-    return ClusterSpec.from_mapping(
+    data = apply_overrides(load_yaml_file(path), overrides or {}, "cluster")
+    scopes = [f"{scope}.*" for scope, given in (("cluster", overrides), ("device", device_overrides)) if given]
+    return _build_cluster(
         data,
-        f"{path} (with --set cluster.* overrides)",
-        device=device,
-        calibration=calibration,
-        fabric_calibration=cluster.fabric_calibration,
+        path,
+        f"{path} (with --set {' and '.join(scopes)} overrides)",
+        overridden={k: v for k, v in (overrides or {}).items() if "." not in k},
+        device_overrides=device_overrides,
+        # The curves of a table that does not record its fabric were measured on the one the file describes.
+        measured_nvlink=cluster.nvlink_bandwidth_bytes_per_s,
     )
-
-
-def _device_path(cluster_path: Path, cluster: ClusterSpec) -> Path:
-    raw = load_yaml_file(cluster_path)
-    ref = raw.get("device") if isinstance(raw, dict) else None
-    if isinstance(ref, str):
-        return _resolve_ref("device", ref, cluster_path, f"{cluster_path}: device")
-    return find_file("device", cluster.device.name)
 
 
 def parse_overrides(settings: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -285,6 +327,8 @@ def apply_overrides(data: Any, overrides: Mapping[str, Any], scope: str) -> dict
 def load_plan(path: str | Path, *, gpus: int | None = None) -> PlanSpec:
     """A plan from a YAML file."""
     p = Path(path)
+    if p.is_dir():
+        raise SpecError(str(p), "is a directory, not a file", "name the plan YAML file")
     if not p.is_file():
         raise SpecError(str(p), "file not found", "check the path of the plan file")
     return PlanSpec.from_mapping(load_yaml_file(p), str(p), gpus=gpus)

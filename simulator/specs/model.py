@@ -25,6 +25,40 @@ POSITION_EMBEDDINGS = ("learned", "rope", "alibi", "none")
 # of each pipeline chunk, so cost grows with depth; published transformers have at most a few hundred layers.
 MAX_LAYERS = 10_000
 
+# The keys of a model file and of its ``moe:`` mapping (Fields: a valid key is never suggested as a misspelling).
+_MOE_KEYS = (
+    "num_experts",
+    "top_k",
+    "expert_ffn_hidden",
+    "shared_experts",
+    "shared_expert_ffn_hidden",
+    "layer_frequency",
+    "first_dense_layers",
+    "capacity_factor",
+)
+_MODEL_KEYS = (
+    "name",
+    "layers",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "ffn_hidden",
+    "vocab",
+    "gated_mlp",
+    "activation",
+    "norm",
+    "tied_embeddings",
+    "position_embedding",
+    "bias",
+    "dropout",
+    "seq_len",
+    "description",
+    "source",
+    "sources",
+    "moe",
+)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MoESpec:
@@ -277,8 +311,8 @@ class ModelSpec:
         SpecError
             On a missing or unknown key, a wrong type or an impossible value.
         """
-        f = Fields(data, where)
-        moe_fields = f.sub("moe", None)
+        f = Fields(data, where, keys=_MODEL_KEYS)
+        moe_fields = f.sub("moe", None, keys=_MOE_KEYS)
         heads = f.integer("heads", minimum=1)
         kwargs: dict[str, Any] = {
             "name": f.text("name"),

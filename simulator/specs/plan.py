@@ -203,10 +203,11 @@ class PlanSpec:
                 "use 1 (MoE parallel folding) or tp, or leave it out",
             )
         if self.recompute_layers is not None and self.recompute != "full":
+            got = "is not set" if self.recompute is None else f"is {self.recompute}"
             raise SpecError(
                 "recompute_layers",
-                f"applies to recompute full only, got recompute={self.recompute}",
-                "set recompute: full, or leave recompute_layers out",
+                f"applies to recompute full only, but recompute {got} (recompute_layers={self.recompute_layers})",
+                "add recompute: full (--recompute full), or leave recompute_layers out",
             )
         if self.grad_accum_upcast_copy and self.grad_accum_fusion:
             raise SpecError(
@@ -223,6 +224,14 @@ class PlanSpec:
                 "got zero_stage=0",
                 "set zero_stage to 1 or more, or fp8_param to false",
             )
+
+    @property
+    def expert_load(self) -> float:
+        """The routed experts' load on the busiest expert-parallel rank over the average: ``expert_imbalance``, at
+        most ep (the busiest of ep ranks can receive every routed token of its group, ep times the average; with
+        ep 1 one rank holds every expert and routing skew does not change its work). A sweep over ep with one
+        imbalance factor therefore stays valid at every ep."""
+        return min(self.expert_imbalance, float(self.ep))
 
     @property
     def fp8_weights(self) -> bool:
@@ -263,6 +272,26 @@ class PlanSpec:
         """``grad_dtype``, or Megatron-LM's default for the precision when it is not set (see :attr:`grad_bytes`)."""
         return self.grad_dtype or ("fp16" if self.precision == "fp16" else "fp32")
 
+    def check_model_layers(self, layers: int) -> None:
+        """Refuse knobs that count decoder layers beyond the model's ``layers``.
+
+        ``recompute_layers`` counts layers of a model chunk and ``layers_at_start_in_bf16`` /
+        ``layers_at_end_in_bf16`` count layers of the model, so none can exceed its layers: a larger value is a
+        typo, not a request the step could honour. The plan alone does not know the model:
+        :func:`simulator.run.simulate` calls this before anything else.
+        """
+        for name in ("recompute_layers", "layers_at_start_in_bf16", "layers_at_end_in_bf16"):
+            value = getattr(self, name)
+            if value is not None and value > layers:
+                raise SpecError(
+                    name,
+                    f"must be <= the model's {layers} decoder layers, got {name}={value}",
+                    f"use at most {layers}"
+                    + (
+                        ", or leave recompute_layers out to recompute every layer" if name == "recompute_layers" else ""
+                    ),
+                )
+
     def padded_vocab(self, vocab: int) -> int:
         """``vocab`` padded up to a multiple of ``vocab_divisible_by`` · tp, as Megatron-LM builds the model."""
         multiple = self.vocab_divisible_by * self.tp
@@ -296,7 +325,7 @@ class PlanSpec:
         """Build from a parsed plan file (``auto`` or ``null`` leaves a knob free)."""
         f = Fields(data, where)
         raw = {k: v for k, v in f.data.items() if not (isinstance(v, str) and v.strip().lower() in _AUTO)}
-        g = Fields(raw, where)
+        g = Fields(raw, where, keys=(*cls.field_names(), "gpus", "name", "description"))
         kwargs: dict[str, Any] = {}
         for field in fields(cls):
             reader = _KNOB_READERS.get(field.name) or _LAYOUT_READERS[field.name]

@@ -22,7 +22,7 @@ from simulator.cost.compute import ComputeModel
 from simulator.cost.memory import StageMemory, stage_memory
 from simulator.engine.fold import FoldResult, TimedStep, fold
 from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, lower_bound, simulate_pipeline
-from simulator.errors import InfeasiblePlanError
+from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import (
@@ -106,7 +106,12 @@ class StepResult:
         return max((m.total for m in self.memory), default=0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data (stable key order)."""
+        """Plain JSON-ready data (stable key order); a time or rate an infeasible plan does not have is None
+        (JSON null), not NaN, which strict JSON has no token for."""
+        clean: dict[str, Any] = _finite_or_none(self._mapping())
+        return clean
+
+    def _mapping(self) -> dict[str, Any]:
         plan = self.plan
         return {
             "model": self.model,
@@ -129,6 +134,17 @@ class StepResult:
             "calibration": self.calibration,
             "launch_overhead_us": self.launch_overhead_us,
         }
+
+
+def _finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (nested in dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
 
 
 # -- cost-model cache: one compute and one comm model per (cluster, precision), kept across calls ---------
@@ -214,6 +230,13 @@ def simulate(
     >>> r.feasible, r.step_time_s > 0
     (True, True)
     """
+    for name, value, kind, fix in (
+        ("model", model, ModelSpec, "load one with simulator.specs.load_model(name or path)"),
+        ("cluster", cluster, ClusterSpec, "load one with simulator.specs.load_cluster(name or path)"),
+        ("plan", plan, PlanSpec, "build one with simulator.specs.PlanSpec(tp=..., global_batch=...)"),
+    ):
+        if not isinstance(value, kind):  # a name or a dict where a spec belongs: say so, not an AttributeError
+            raise SpecError(f"simulate: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", fix)
     with _gc_paused():
         return _simulate(model, cluster, plan, record)
 

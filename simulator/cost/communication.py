@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from simulator.cost.compute import COST_CACHE_MAX
 from simulator.parallel.layout import Group
 from simulator.parallel.program import Comm
 from simulator.specs.calibration import BandwidthCurve, CalibrationTable
@@ -93,6 +94,8 @@ class CommModel:
                 # Data-parallel collectives wait for the slowest replica (Design: stragglers).
                 seconds *= self.straggler_factor
             cached = (seconds, labels)
+            if len(self._cache) >= COST_CACHE_MAX:
+                self._cache.clear()  # bounded like ComputeModel's per-shape cache
             self._cache[key] = cached
         if cached[1]:
             self.uncalibrated.update(cached[1])

@@ -34,7 +34,12 @@ from simulator.specs.calibration import (
 )
 from simulator.specs.hardware import DeviceSpec
 
-__all__ = ["FALLBACK_EFFICIENCY", "ComputeModel"]
+__all__ = ["COST_CACHE_MAX", "FALLBACK_EFFICIENCY", "ComputeModel"]
+
+# A bound on the per-shape cost cache (entries of about 300 bytes: some 60 MB). One plan times tens of distinct
+# shapes; a planner's sweep over thousands of distinct sequence lengths or batch sizes would otherwise keep every
+# one of them for the life of the process.
+COST_CACHE_MAX = 200_000
 
 # Used only when neither the cluster's table nor the default table has a curve for an op class: a flat
 # efficiency per class. Sources: the large-size plateaus of the measured A100/H100 tables that ship with
@@ -196,6 +201,8 @@ class ComputeModel:
             finally:
                 labels, self.uncalibrated = frozenset(self.uncalibrated), outer
             cached = (seconds, labels)
+            if len(self._cache) >= COST_CACHE_MAX:
+                self._cache.clear()  # a long sweep of distinct shapes: start over rather than grow without bound
             self._cache[key] = cached
         if cached[1]:
             self.uncalibrated.update(cached[1])

@@ -38,7 +38,9 @@ def chrome_trace(timeline: Sequence[tuple[int, str, str, float, float]], *, titl
             prev = last_end.get(stage, 0.0)
             if start > prev + 1e-12:
                 events.append(_slice(stage, tid, "idle", "idle", prev, start))
-            last_end[stage] = end
+            # A zero-length task (a W on a stage without decoder layers) sorts after the task starting with it
+            # and ends earlier: the stream's last end never moves back, so idle slices never cover work.
+            last_end[stage] = max(prev, end)
         cat = "optimizer" if name == "optimizer" else stream if stream != "compute" else name[:1]
         events.append(_slice(stage, tid, name, cat, start, end))
     meta: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}

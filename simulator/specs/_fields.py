@@ -260,7 +260,10 @@ def _check_range(f: Fields, key: str, value: float, lo: float | None, hi: float 
 
 
 def _fmt(x: float) -> str:
-    # Whole numbers as integers, but not the hundreds of digits of a huge float (1e300 stays 1e+300).
+    # Whole numbers as integers, but not the hundreds of digits of a huge number (1e300 stays 1e+300, 10**400 is
+    # shown by its digit count: it has no float form).
+    if isinstance(x, int) and abs(x) >= 10**15:
+        return f"a {len(str(abs(x)))}-digit number"
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
@@ -393,14 +396,28 @@ def check_scalar_types(spec: Any) -> None:
             object.__setattr__(spec, name, float(value))
 
 
+# The largest count a spec accepts: 2**53, beyond which integers are not exact as the floats the cost models
+# compute in (IEEE 754 binary64), and a product of two such sizes overflows float conversion. No real model,
+# batch or cluster comes near it; a larger value is a typo (found by trying seq_len 10**400: an OverflowError).
+MAX_COUNT = 2**53
+
+
+def check_count(name: str, value: Any) -> None:
+    """A count of layers, tokens, GPUs... must be at most :data:`MAX_COUNT`."""
+    if value is not None and not isinstance(value, bool) and value > MAX_COUNT:
+        raise SpecError(name, f"must be at most 2**53 ({MAX_COUNT:,}), got {_fmt(value)}", f"fix {name}: a typo?")
+
+
 def check_ranges(spec: Any, minimums: Mapping[str, float], fix: str = "") -> None:
-    """Each named field of ``spec`` (None skipped) must be at least its minimum; the SpecError names it."""
+    """Each named field of ``spec`` (None skipped) must be at least its minimum, and at most MAX_COUNT; the
+    SpecError names it."""
     for name, minimum in minimums.items():
         value = getattr(spec, name)
         if value is not None and value < minimum:
             raise SpecError(
                 name, f"must be >= {_fmt(minimum)}, got {_fmt(value)}", fix or f"use {name} >= {_fmt(minimum)}"
             )
+        check_count(name, value)
 
 
 def check_positive(spec: Any, names: Iterable[str], fix: str) -> None:

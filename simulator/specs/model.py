@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields, check_choices, check_ranges, check_scalar_types
+from simulator.specs._fields import Fields, check_choices, check_count, check_ranges, check_scalar_types
 
 __all__ = ["ACTIVATIONS", "MAX_LAYERS", "NORMS", "POSITION_EMBEDDINGS", "MoESpec", "ModelSpec"]
 
@@ -87,6 +87,13 @@ class MoESpec:
             raise SpecError(
                 "top_k", f"must be <= num_experts: top_k={self.top_k}, num_experts={self.num_experts}", "lower top_k"
             )
+        if self.shared_experts and not self.shared_expert_ffn_hidden:
+            # Checked here, not only when a file is read, so that a spec built in Python obeys the same rule.
+            raise SpecError(
+                "shared_expert_ffn_hidden",
+                f"is required when shared_experts={self.shared_experts}",
+                "give the FFN size of a shared expert",
+            )
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether decoder layer ``index`` (0-based) is a MoE layer."""
@@ -109,14 +116,8 @@ class MoESpec:
         }
         try:
             spec = cls(**values)
-        except SpecError as err:  # a cross-field rule (top_k <= num_experts), located in the file
+        except SpecError as err:  # a cross-field rule (top_k <= num_experts, shared experts' size), located
             raise f.error(err.where, err.what, err.fix) from None
-        if spec.shared_experts and not spec.shared_expert_ffn_hidden:
-            raise f.error(
-                "shared_expert_ffn_hidden",
-                f"is required when shared_experts={spec.shared_experts}",
-                "give the FFN size of a shared expert",
-            )
         f.done()
         return spec
 
@@ -158,6 +159,8 @@ class ModelSpec:
             value = getattr(self, name)
             if value < 1:
                 raise SpecError(name, f"'{name}' must be >= 1, got {value}", f"give {name} as a positive whole number")
+            if name != "layers":  # bounded far tighter below (MAX_LAYERS)
+                check_count(name, value)
         if self.layers > MAX_LAYERS:
             raise SpecError(
                 "layers",

@@ -1,0 +1,109 @@
+"""The Python API as a planner calls it: found by adversarial runs (a helper's fuzzing of simulate)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+
+from simulator.cost.compute import COST_CACHE_MAX
+from simulator.engine.trace import chrome_trace
+from simulator.errors import SpecError
+from simulator.graph.ops import Op
+from simulator.parallel.program import _build_cached
+from simulator.run import simulate
+from simulator.specs import PlanSpec, load_cluster, load_model
+from simulator.specs.model import ModelSpec, MoESpec
+
+A100 = load_cluster("dgx-a100-80g")
+
+
+def _tiny(**changes: object) -> ModelSpec:
+    base: dict[str, object] = {
+        "name": "tiny",
+        "layers": 4,
+        "hidden": 256,
+        "heads": 4,
+        "ffn_hidden": 1024,
+        "vocab": 1000,
+        "seq_len": 512,
+    }
+    return ModelSpec(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def test_a_zero_length_task_does_not_send_the_idle_slice_over_work() -> None:
+    """Under zb_h1 a stage without decoder layers has W tasks of 0 s that start with the next F and sort after
+    it: the stream's last end stepped back and an idle slice covered F."""
+    events = chrome_trace(
+        [(0, "compute", "W0.0", 1e-3, 1e-3), (0, "compute", "F1.0", 1e-3, 2e-3), (0, "compute", "B1.0", 3e-3, 4e-3)]
+    )["traceEvents"]
+    idle = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "idle"]
+    assert idle == [(0.0, 1000.0), (2000.0, 3000.0)]
+    r = simulate(_tiny(layers=1), A100, PlanSpec(pp=3, global_batch=8, micro_batch=1, schedule="zb_h1"), record=True)
+    slices = sorted(
+        (e["pid"], e["ts"], e["ts"] + e["dur"])
+        for e in chrome_trace(r.timeline)["traceEvents"]
+        if e.get("ph") == "X" and e.get("tid") == 0
+    )
+    for (pid, _, end), (next_pid, start, _) in itertools.pairwise(slices):
+        if pid == next_pid:
+            assert start >= end - 1e-6, (pid, end, start)
+
+
+def test_a_count_beyond_two_to_the_53_is_bad_input() -> None:
+    """seq_len 10**400 raised OverflowError deep in the graph; 10**300 answered inf seconds and NaN MFU."""
+    for build in (
+        lambda: PlanSpec(global_batch=8, seq_len=10**400),
+        lambda: PlanSpec(global_batch=8, vocab_divisible_by=2**53 + 1),
+        lambda: _tiny(vocab=10**400),
+    ):
+        with pytest.raises(SpecError, match=r"must be at most 2\*\*53"):
+            build()
+
+
+def test_to_dict_is_strict_json_for_an_infeasible_plan() -> None:
+    r = simulate(load_model("gpt3-175b"), A100, PlanSpec(tp=8, global_batch=8))
+    assert not r.feasible
+    data = json.loads(json.dumps(r.to_dict(), allow_nan=False))
+    assert data["step_time_s"] is None
+    assert data["mfu"] is None
+    assert math.isnan(r.step_time_s)  # the attribute keeps its float type
+
+
+@pytest.mark.parametrize("position", ["model", "cluster", "plan"])
+def test_simulate_names_an_argument_of_the_wrong_type(position: str) -> None:
+    args = {"model": _tiny(), "cluster": A100, "plan": PlanSpec(global_batch=8)}
+    args[position] = "gpt3-175b"
+    with pytest.raises(SpecError, match=f"simulate: {position}: must be a .*Spec, got str"):
+        simulate(args["model"], args["cluster"], args["plan"])  # type: ignore[arg-type]
+
+
+def test_shared_experts_need_their_size_in_python_as_in_a_file() -> None:
+    with pytest.raises(SpecError, match="shared_expert_ffn_hidden: is required when shared_experts=2"):
+        MoESpec(num_experts=4, top_k=2, expert_ffn_hidden=512, shared_experts=2)
+
+
+def test_caches_stay_bounded_over_many_distinct_plans() -> None:
+    """A sweep of 1,024 distinct plans grew to 460 MB: every plan's programs were kept (4,096 entries, no hits)."""
+    assert _build_cached.cache_info().maxsize == 256
+    from simulator.run import _models
+
+    model, _ = _models(A100, "bf16", 1.0)
+    saved = dict(model._cache)
+    try:
+        model._cache.clear()
+        model._cache.update({("filler", i): (0.0, frozenset()) for i in range(COST_CACHE_MAX)})
+        model.time(_a_gemm())
+        assert len(model._cache) == 1
+    finally:
+        model._cache.clear()
+        model._cache.update(saved)
+
+
+def _a_gemm() -> Op:
+    from simulator.graph.transformer import build_graph
+
+    graph = build_graph(_tiny(), 512, 1)
+    return next(op for block in graph.blocks for op in block.forward if op.kind == "gemm")

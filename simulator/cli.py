@@ -310,8 +310,8 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         try:
             print(_cluster_text(load_cluster(args.name)))
         except SpecError:
-            if _looks_like_cluster_file(args.name):
-                raise  # a broken cluster file: its own error, not a device's
+            if args.name.lower() in names or _looks_like_cluster_file(Path(args.name)):
+                raise  # a broken cluster: its own error, not a device's
         else:
             return EXIT_OK
     d = load_device(args.name)
@@ -319,25 +319,18 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _looks_like_cluster_file(name: str) -> bool:
+def _looks_like_cluster_file(path: Path) -> bool:
     """Whether a YAML file is meant as a cluster (it names a device or a node size), so that its errors are
     reported as the cluster's."""
     from simulator.specs._yaml import load_yaml_file
 
-    path = Path(name)
     if not path.is_file():
-        return name.lower() in {n.lower() for n, _ in _list_clusters()}
+        return False
     try:
         data = load_yaml_file(path)
     except SpecError:
         return True  # unreadable either way: the cluster reader's message says why
     return isinstance(data, dict) and ("device" in data or "gpus_per_node" in data)
-
-
-def _list_clusters() -> list[tuple[str, Any]]:
-    from simulator.specs.library import list_names
-
-    return list(list_names("cluster"))
 
 
 def _device_text(d: Any) -> str:

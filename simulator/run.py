@@ -340,6 +340,7 @@ def _structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) ->
         vp = plan.vp or (2 if _schedule(plan) == "interleaved" else 1)
         candidates = [replace(plan, micro_batch=plan.micro_batch or 1, vp=vp, grad_overlap=plan.grad_overlap or False)]
     reasons: list[str] = []
+    runnable = False
     for candidate in candidates:
         trial = replace(candidate, recompute=candidate.recompute or "full")
         try:
@@ -347,8 +348,11 @@ def _structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) ->
             generate(
                 _schedule(trial), trial.pp, trial.global_batch // (trial.dp * (trial.micro_batch or 1)), trial.vp or 1
             )
+            runnable = True
         except InfeasiblePlanError as err:
             reasons.append(str(err))
+        if runnable and reasons:
+            break  # the free knobs matter, and the first reason is known: the rest cannot change the message
     if reasons and len(reasons) == len(candidates) and len(set(reasons)) == 1:
         return f"the plan cannot run, whatever its free knobs: {reasons[0]}"
     return f"no value of the free knobs gives a runnable plan: {reasons[0] if reasons else 'no candidate'}"

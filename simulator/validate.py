@@ -579,12 +579,6 @@ def validate_file(
     """Read a validation CSV and predict every row."""
     sep = _separator(path)
     header, lines = _records(path, sep) if path.is_file() else ([], [])
-    # Hand-edited headers ("run_id , model", "Run_ID") name the same columns; pandas would rename a repeated
-    # name ("tp.1") before the check below could see it.
-    names = [str(c).strip().lower() for c in header]
-    twice = sorted({n for n in names if n and names.count(n) > 1})
-    if twice:
-        raise SpecError(str(path), f"names column(s) {', '.join(twice)} more than once", "keep one of each")
     try:
         with warnings.catch_warnings():
             # Rows longer than the header would otherwise turn the first column(s) into the index, silently.
@@ -608,12 +602,13 @@ def validate_file(
         raise SpecError(str(path), f"cannot be read ({reason})", "check the path and its permissions") from None
     if frame.empty:
         raise SpecError(str(path), "has a header but no rows", "add one measured run per line below the header")
-    # Hand-edited headers ("run_id , model", "Run_ID") name the same columns.
-    names = [str(c).strip().lower() for c in frame.columns]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    # Hand-edited headers ("run_id , model", "Run_ID") name the same columns. The names are the file's own where
+    # the csv reader got them: pandas renames a repeated name ("tp.1"), which would hide it from this check.
+    names = [str(c).strip().lower() for c in (header if len(header) == len(frame.columns) else frame.columns)]
+    twice = sorted({n for n in names if n and names.count(n) > 1})
     if twice:
         raise SpecError(str(path), f"names column(s) {', '.join(twice)} more than once", "keep one of each")
-    frame.columns = names
+    frame.columns = [str(c).strip().lower() for c in frame.columns]
     # ... and hand-edited cells ("dgx-h100 ") the same values.
     frame = frame.apply(lambda column: column.str.strip()).replace("", np.nan)
     stacks: tuple[Stack, ...] = ()

@@ -202,24 +202,40 @@ def _seq(f: Fields, key: str) -> int:
     return int(min(value, _SEQ_CAP))
 
 
+# ModelSpec field -> the config.json key it came from, so that a spec error names the file's own key. GPT-NeoX
+# and the Llama family share the names; Llama adds grouped-query heads, an explicit head size and biases.
+_NEOX_KEYS = {
+    "layers": "num_hidden_layers",
+    "hidden": "hidden_size",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_attention_heads",
+    "ffn_hidden": "intermediate_size",
+    "vocab": "vocab_size",
+    "seq_len": "max_position_embeddings",
+    "gated_mlp": "hidden_act",
+    "activation": "hidden_act",
+    "tied_embeddings": "tie_word_embeddings",
+}
+_LLAMA_KEYS = {**_NEOX_KEYS, "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "bias": "attention_bias"}
+_GPT2_KEYS = {
+    "layers": "n_layer",
+    "hidden": "n_embd",
+    "heads": "n_head",
+    "kv_heads": "n_head",
+    "ffn_hidden": "n_inner",
+    "vocab": "vocab_size",
+    "seq_len": "n_positions",
+    "gated_mlp": "activation_function",
+    "activation": "activation_function",
+    "tied_embeddings": "tie_word_embeddings",
+}
+
+
 def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
     hidden = f.integer("hidden_size", minimum=1)
     heads = f.integer("num_attention_heads", minimum=1)
     activation = _activation(f, "hidden_act", "silu", _GATED_ACTS, "a gated MLP")
-    keys = {
-        "layers": "num_hidden_layers",
-        "hidden": "hidden_size",
-        "heads": "num_attention_heads",
-        "kv_heads": "num_key_value_heads",
-        "head_dim": "head_dim",
-        "ffn_hidden": "intermediate_size",
-        "vocab": "vocab_size",
-        "seq_len": "max_position_embeddings",
-        "gated_mlp": "hidden_act",
-        "activation": "hidden_act",
-        "tied_embeddings": "tie_word_embeddings",
-        "bias": "attention_bias",
-    }
+    keys = dict(_LLAMA_KEYS)  # _moe adds the MoE fields' keys
     moe = _moe(f, model_type, keys)
     ffn = f.integer("intermediate_size", 0, minimum=1) if moe is not None else f.integer("intermediate_size", minimum=1)
     if moe is not None and not ffn:
@@ -306,32 +322,6 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
         )
     except SpecError as err:
         raise _respec(err, f, moe_keys) from None
-
-
-_GPT2_KEYS = {
-    "layers": "n_layer",
-    "hidden": "n_embd",
-    "heads": "n_head",
-    "kv_heads": "n_head",
-    "ffn_hidden": "n_inner",
-    "vocab": "vocab_size",
-    "seq_len": "n_positions",
-    "gated_mlp": "activation_function",
-    "activation": "activation_function",
-    "tied_embeddings": "tie_word_embeddings",
-}
-_NEOX_KEYS = {
-    "layers": "num_hidden_layers",
-    "hidden": "hidden_size",
-    "heads": "num_attention_heads",
-    "kv_heads": "num_attention_heads",
-    "ffn_hidden": "intermediate_size",
-    "vocab": "vocab_size",
-    "seq_len": "max_position_embeddings",
-    "gated_mlp": "hidden_act",
-    "activation": "hidden_act",
-    "tied_embeddings": "tie_word_embeddings",
-}
 
 
 def _gpt2(f: Fields, name: str) -> ModelSpec:

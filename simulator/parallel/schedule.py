@@ -168,15 +168,40 @@ def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[tuple[int, ...], ...
             live[t.chunk] -= 1
     if rising or not peaks:
         peaks.add(tuple(live))
-    # Keep the entries no other entry dominates. An entry's dominator has a larger sum, so walking them by
-    # decreasing sum, each entry needs checking only against those kept so far (a dominated dominator's own
-    # dominator dominates it too): linear in the entries for the few that survive, where a pairwise check was
-    # quadratic (an interleaved schedule has one entry per warm-up step).
-    kept: list[tuple[int, ...]] = []
-    for a in sorted(peaks, key=lambda e: (-sum(e), e)):
-        if not any(all(x <= y for x, y in zip(a, b, strict=True)) for b in kept):
-            kept.append(a)
-    return tuple(sorted(kept, reverse=True))
+    return tuple(_undominated(peaks))
+
+
+def _undominated(entries: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The distinct ``entries`` that no other entry matches or exceeds in every chunk, largest first.
+
+    For each chunk and count, a bitset (a Python int, one bit per entry) marks the entries holding at least
+    that many micro-batches of the chunk; an entry's dominators are the AND of its chunks' sets, and the walk
+    stops at the first chunk that leaves none. Pairwise checks cost entries² · chunks, and a deep interleaved
+    schedule has about one entry per chunk, none dominated: cubic in vp (vp 1,250 took 9 s per stage; this,
+    under 0.3 s).
+    """
+    items = sorted(entries, reverse=True)
+    if len(items) < 2:
+        return items
+    at_least: list[list[int]] = []
+    for c in range(len(items[0])):
+        column = [e[c] for e in items]
+        sets = [0] * (max(column) + 1)
+        for i, count in enumerate(column):
+            sets[count] |= 1 << i
+        for t in range(len(sets) - 2, -1, -1):
+            sets[t] |= sets[t + 1]
+        at_least.append(sets)
+    everyone = (1 << len(items)) - 1
+    kept = []
+    for i, e in enumerate(items):
+        others = everyone ^ (1 << i)
+        for sets, count in zip(at_least, e, strict=True):
+            others &= sets[count]
+            if not others:
+                kept.append(e)
+                break
+    return kept
 
 
 class _SizedCache:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from simulator.errors import InfeasiblePlanError
 from simulator.parallel.schedule import Task, generate, in_flight
@@ -111,3 +113,14 @@ def test_the_schedule_cache_holds_a_whole_search_and_drops_the_least_recent_past
     assert cache.get(("gpipe", 1, 2, 1)) is None
     assert cache.get(("1f1b", 1, 2, 1)) is a
     assert cache.held == 10
+
+
+@given(st.sets(st.tuples(*[st.integers(0, 4)] * 3), max_size=40))
+def test_undominated_matches_the_pairwise_definition(entries: set[tuple[int, ...]]) -> None:
+    """The bitset walk keeps exactly the entries no other one matches or exceeds in every chunk, largest first."""
+    from simulator.parallel.schedule import _undominated
+
+    def dominated(a: tuple[int, ...]) -> bool:
+        return any(b != a and all(x <= y for x, y in zip(a, b, strict=True)) for b in entries)
+
+    assert _undominated(entries) == sorted((a for a in entries if not dominated(a)), reverse=True)

@@ -312,6 +312,10 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
     chosen = best or fallback
     if chosen is None:
         raise InfeasiblePlanError(_structural_error(model, cluster, plan))
+    if chosen is fallback:
+        # Nothing fits: answer as for a fixed plan that does not fit (the engine still times the step, and
+        # ``reason`` says which stage is over by how much), so that recording a trace cannot change the answer.
+        return _run(model, cluster, chosen.plan, record, chosen.chosen)
     if record:
         chosen = _run(model, cluster, chosen.plan, True, chosen.chosen)
     return chosen
@@ -699,14 +703,15 @@ def _pipeline_input(
         opt_params = local_dense / layout.dp.size + local_expert / layout.edp.size if zero >= 1 else local_params
         opt_op = graph.optimizer_step(plan.precision, grad_b, opt_params, opt_params if zero >= 2 else local_params)
         optimizer_s = compute.time(opt_op)
-        param_gather_s = prefetch_s = 0.0
+        param_gather_s = 0.0
+        gather_buckets: tuple[tuple[float, ...], ...] = ()
         if zero in (1, 2):
             # The updated 16-bit parameters are gathered back over the groups their optimizer is sharded over.
             # (FP8 layers' weights in 1 byte with fp8_param.)
             gathers = param_all_gathers(local_dense, local_expert, layout, "step", (fp8_dense, fp8_expert))
             param_gather_s = sum(comm.time(c) for c in gathers)
             if layout.grad_overlap:
-                prefetch_s = _first_param_bucket_s(layout, comm, params[0], bucket_params)
+                gather_buckets = tuple(_param_gather_buckets(layout, comm, chunk, bucket_params) for chunk in params)
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size
@@ -722,7 +727,7 @@ def _pipeline_input(
                 dp_tail_s=tail,
                 optimizer_s=optimizer_s,
                 param_gather_s=param_gather_s,
-                param_prefetch_s=prefetch_s,
+                param_gather_buckets=gather_buckets,
                 dp_network=layout.dp.crosses_network or layout.edp.crosses_network,
                 cp_network=layout.cp.crosses_network,
             )
@@ -795,23 +800,29 @@ def _bucket_count(params: float, bucket_params: int) -> int:
     return min(max(1, math.ceil(params / bucket_params)), GRAD_BUCKETS_MAX)
 
 
-def _first_param_bucket_s(
-    layout: Layout, comm: CommModel, first: tuple[float, float, float, float], bucket_params: int
-) -> float:
-    """Seconds to all-gather the first parameter bucket of a stage's first chunk under ZeRO-1/2, the part of an
-    overlapped gather its first forward waits for; ``first`` is that chunk's (dense, expert, FP8 dense, FP8 expert)
-    local parameters (:func:`stage_params`). Megatron-Core gathers the updated parameters bucket by bucket, the
-    same buckets the gradients were reduced in, each waited for in the forward pre-hook of the first layer that
-    uses it while the next one is dispatched (``overlap_param_gather``; ``distributed_data_parallel.py``,
-    ``param_and_grad_buffer.py``): the first bucket has nothing to hide behind. The dense and expert buffers are
-    bucketed, and gathered, separately."""
-    dense, expert, fp8_dense, fp8_expert = first
-    n_dense = _bucket_count(dense, bucket_params)
-    n_expert = _bucket_count(expert, bucket_params)
-    gathers = param_all_gathers(
-        dense / n_dense, expert / n_expert, layout, "step.first_bucket", (fp8_dense / n_dense, fp8_expert / n_expert)
-    )
-    return sum(comm.time(c) for c in gathers)
+def _param_gather_buckets(
+    layout: Layout, comm: CommModel, chunk: tuple[float, float, float, float], bucket_params: int
+) -> tuple[float, ...]:
+    """Seconds to all-gather each parameter bucket of one chunk under ZeRO-1/2, in the order its first forward needs
+    them; ``chunk`` is its (dense, expert, FP8 dense, FP8 expert) local parameters (:func:`stage_params`).
+    Megatron-Core gathers the updated parameters in the buckets the gradients were reduced in, each waited for in
+    the forward pre-hook of the first layer that uses it (``overlap_param_gather``; ``distributed_data_parallel.py``,
+    ``param_and_grad_buffer.py``; the engine says when each is dispatched). The dense and expert buffers are
+    bucketed, and gathered, separately (as :func:`_grad_buckets` reduces them): the dense buckets, then the
+    experts'."""
+    dense, expert, fp8_dense, fp8_expert = chunk
+    out: list[float] = []
+    for params, fp8, as_expert in ((dense, fp8_dense, False), (expert, fp8_expert, True)):
+        if params <= 0:
+            continue
+        n = _bucket_count(params, bucket_params)
+        shares = (0.0, params / n) if as_expert else (params / n, 0.0)
+        fp8_shares = (0.0, fp8 / n) if as_expert else (fp8 / n, 0.0)
+        gathers = param_all_gathers(*shares, layout, "step.bucket", fp8_shares)
+        t = sum(comm.time(c) for c in gathers if c.size_bytes > 0 and c.group.size > 1)
+        if t > 0:
+            out += [t] * n
+    return tuple(out)
 
 
 def _infeasible_result(

@@ -11,9 +11,11 @@ One representative rank per pipeline stage (Design: What is simulated). Each sta
   piece per bucket), so reduction overlaps the rest of the backward, and compute that runs while a bucket
   is being reduced is slowed by the overlap slowdown for that long; without it, reduction starts when the
   stage's last backward ends. Then the optimizer step runs and, under a sharded optimizer, the updated
-  parameters are all-gathered. With ``grad_overlap`` on, that gather is hidden behind the next step's
-  forward, as Megatron-LM's ``overlap_param_gather`` does, except its first bucket: the stage's first
-  forward waits for it, which the pipeline fill hides on every stage but the first.
+  parameters are all-gathered. With ``grad_overlap`` on, that gather runs behind the next step's forward
+  bucket by bucket, as Megatron-Core's ``overlap_param_gather`` does: each chunk's first forward is split
+  into one piece per bucket, and a piece waits for its bucket (the first one, for the first bucket, which
+  the pipeline fill hides on every stage but the first; the others, where a bucket's gather is longer than
+  the compute it overlaps). See :class:`StageInput` for when each bucket is dispatched.
 
 Processes are one per (stage, stream), which the simpy documentation and our measurements show is
 several times faster than one process per task. The DP stream needs no process of its own: it runs the
@@ -48,9 +50,17 @@ class StageInput:
     reduction times of chunk c's buckets; ``dp_tail_s`` collectives after all buckets (e.g. the tied
     embedding's gradient all-reduce between first and last stage); ``param_gather_s`` the all-gather of
     updated parameters under a sharded optimizer, blocking after the optimizer step without ``grad_overlap``;
-    ``param_prefetch_s`` its first bucket, which the first forward of the (next) step waits for when the
-    rest is overlapped (Megatron-Core dispatches it at the start of the step and waits for it in the
-    forward pre-hook of the first layer). ``dp_network`` and ``cp_network`` say whether the
+    ``param_gather_buckets[c]`` the same gather bucket by bucket for chunk c, in the order chunk c's first
+    forward needs them, which that forward waits for with ``grad_overlap`` (Megatron-Core's
+    ``overlap_param_gather``: the forward pre-hook of a bucket's first layer waits for its all-gather). They
+    run one at a time on the stage's data-parallel stream. Without interleaving, the first bucket is
+    dispatched with the step (Megatron-Core's ``zero_grad`` before the forward) and each later one when the
+    forward reaches, and has waited for, the bucket before it (``finish_param_sync`` dispatches the next
+    bucket group), so a gather longer than the compute of the previous bucket shows. With interleaving,
+    Megatron-Core aligns the dispatch across the pipeline (``align_param_gather``): every bucket of chunks 0
+    and 1 with the step, those of chunk c + 1 when the stage starts its forward number f(c) − s, f(c) being
+    the number of its first chunk-c forward and s the stage (``param_sync_func`` in
+    ``schedules.py``). ``dp_network`` and ``cp_network`` say whether the
     gradient reduction and the context-parallel ring leave the NVLink domain, i.e. share the stage's NICs
     with each other and with pipeline transfers that do too.
     """
@@ -65,7 +75,7 @@ class StageInput:
     param_gather_s: float
     dp_network: bool = False
     cp_network: bool = False
-    param_prefetch_s: float = 0.0
+    param_gather_buckets: tuple[tuple[float, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,9 +289,36 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             if record and duration > 0:
                 rows.append((s, "dp", f"grad_bucket{reduced}", begin, dp_free[s]))
 
-        # The first bucket of the overlapped parameter gather starts with the step; the first task waits for it
-        # (after its own input, which the pipeline fill makes the longer wait on every stage but the first).
-        prefetch = st.param_prefetch_s if inp.grad_overlap else 0.0
+        # The overlapped parameter gather (StageInput.param_gather_buckets): when each bucket is ready.
+        gathers = st.param_gather_buckets if inp.grad_overlap else ()
+        chained = v == 1
+        gathered: dict[tuple[int, int], float] = {}
+
+        def gather(c: int, j: int, now: float) -> None:
+            begin = max(dp_free[s], now)
+            duration = gathers[c][j]
+            if dp_on_network[s]:
+                duration += _cp_share(s, begin, duration)
+            dp_free[s] = gathered[(c, j)] = begin + duration
+            if record and duration > 0:
+                rows.append((s, "dp", f"param_bucket{c}.{j}", begin, dp_free[s]))
+
+        # Dispatches: at the start of the step, and (interleaved) at the start of the forward numbered in
+        # ``dispatch``; the first forward of each chunk waits for its buckets piece by piece.
+        dispatch: dict[int, list[int]] = {}
+        first_forward: dict[int, int] = {}
+        if gathers:
+            for c in range(1 if chained else min(2, len(gathers))):
+                for j in range(min(1, len(gathers[c])) if chained else len(gathers[c])):
+                    gather(c, j, 0.0)
+            forwards = [task for task in st.order if task.kind == "F"]
+            for k, task in enumerate(forwards):
+                first_forward.setdefault(task.chunk, k)
+            if not chained:
+                for c, k in first_forward.items():
+                    if 2 <= c + 1 < len(gathers):
+                        dispatch.setdefault(max(k - s, 0), []).append(c + 1)
+        forward_number = -1
         # What each task waits for and runs, looked up once before the run: a backward needs its forward and a
         # weight gradient its backward on this stage (None where the schedule lacks it), and a task whose input
         # comes from another stage waits for its arrival.
@@ -303,18 +340,38 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 left = sent_at.get(id(arrival), t0)
                 a.pp += t1 - max(t0, left)
                 a.bubble += max(0.0, min(left, t1) - t0)
-            if prefetch > 0:
-                if env.now < prefetch:
-                    a.dp += prefetch - env.now
-                    yield env.timeout(prefetch - env.now)
-                if record:
-                    rows.append((s, "dp", "param_all_gather.first_bucket", 0.0, prefetch))
-                prefetch = 0.0
+            pieces: tuple[float, ...] = ()
+            if gathers and t.kind == "F":
+                forward_number += 1
+                for c in dispatch.get(forward_number, ()):
+                    for j in range(len(gathers[c])):
+                        gather(c, j, env.now)
+                if first_forward.get(t.chunk) == forward_number:
+                    pieces = gathers[t.chunk]
+            if pieces and gathered[(t.chunk, 0)] > env.now:
+                a.dp += gathered[(t.chunk, 0)] - env.now
+                yield env.timeout(gathered[(t.chunk, 0)] - env.now)
             start = env.now
             if cp_on_network[s] and res.duration_s > 0:
                 cp_busy = dict(res.comm_s).get("cp", 0.0)
                 cp_window[s] = (start + res.duration_s, min(cp_busy / res.duration_s, 1.0))
-            if buckets and inp.grad_overlap:
+            if pieces:
+                # One piece per parameter bucket: each waits for its bucket's gather (chained: then dispatches the
+                # next), and runs slowed while a gather is in flight beside it.
+                piece = res.duration_s / len(pieces)
+                clock = env.now
+                for j in range(len(pieces)):
+                    wait = gathered[(t.chunk, j)] - clock
+                    if wait > 0:
+                        a.dp += wait
+                        clock += wait
+                    if chained and j + 1 < len(pieces):
+                        gather(t.chunk, j + 1, clock)
+                    slow = overlap_extra(dp_free[s] - clock, piece, inp.overlap_slowdown)
+                    clock += piece + slow
+                    a.compute += slow
+                yield env.timeout(clock - env.now)
+            elif buckets and inp.grad_overlap:
                 # One piece per bucket; each piece frees its bucket, later pieces overlap the reduction and
                 # are slowed for as long as a bucket is actually being reduced beside them.
                 piece = res.duration_s / len(buckets)
@@ -404,6 +461,12 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     )
 
 
+def _first_bucket_s(st: StageInput) -> float:
+    """The gather of the stage's first parameter bucket, which starts with the step and which its first forward
+    waits for under ``grad_overlap``."""
+    return st.param_gather_buckets[0][0] if st.param_gather_buckets and st.param_gather_buckets[0] else 0.0
+
+
 def _final_backward_kind(order: tuple[Task, ...]) -> str:
     """The task kind that finishes a chunk's gradients: W where the schedule splits them off, else B."""
     return "W" if any(t.kind == "W" for t in order) else "B"
@@ -414,7 +477,7 @@ def _critical_path(inp: PipelineInput) -> float:
     a lower bound on the step that ignores that a stream runs one task at a time."""
     p = len(inp.stages)
     v = inp.vp
-    t = inp.stages[0].param_prefetch_s if inp.grad_overlap and p else 0.0
+    t = _first_bucket_s(inp.stages[0]) if inp.grad_overlap and p else 0.0
     for vs in range(p * v):
         chunk, s = divmod(vs, p)
         t += inp.stages[s].fwd[chunk].duration_s
@@ -457,7 +520,7 @@ def lower_bound(inp: PipelineInput) -> float:
             after += sum(sum(b) for b in st.dp_buckets) + st.param_gather_s
         elif last is not None and last.kind == _final_backward_kind(st.order) and st.dp_buckets[last.chunk]:
             after += st.dp_buckets[last.chunk][-1]  # released by the last task, reduced after it
-        first = max(fill, st.param_prefetch_s if inp.grad_overlap else 0.0)  # earliest start of the first task
+        first = max(fill, _first_bucket_s(st) if inp.grad_overlap else 0.0)  # earliest start of the first task
         bound = max(bound, first + busy + after)
         if s > 0 and last is not None and last.kind == "B" and last.chunk == 0:
             bound = max(bound, first + busy + drain + inp.stages[0].optimizer_s)

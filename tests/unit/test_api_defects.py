@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from simulator import run
 from simulator.cost.compute import COST_CACHE_MAX
 from simulator.engine.trace import chrome_trace
 from simulator.errors import SpecError
@@ -64,12 +65,21 @@ def test_a_count_beyond_two_to_the_53_is_bad_input() -> None:
 
 
 def test_to_dict_is_strict_json_for_an_infeasible_plan() -> None:
-    r = simulate(load_model("gpt3-175b"), A100, PlanSpec(tp=8, global_batch=8))
+    """A plan that cannot run has no times (NaN attributes, null in JSON); one that runs out of memory is timed as a
+    fixed plan is, with or without free knobs, and says how far over it is."""
+    gpt3 = load_model("gpt3-175b")
+    r = run.infeasible_result(gpt3, A100, PlanSpec(tp=8, global_batch=8), "'tp' must divide 'heads'")
     assert not r.feasible
     data = json.loads(json.dumps(r.to_dict(), allow_nan=False))
     assert data["step_time_s"] is None
     assert data["mfu"] is None
     assert math.isnan(r.step_time_s)  # the attribute keeps its float type
+    over = simulate(gpt3, A100, PlanSpec(tp=8, global_batch=8))
+    assert not over.feasible
+    assert "GiB over" in over.reason
+    fixed = simulate(gpt3, A100, over.plan)
+    assert (over.step_time_s, over.reason) == (fixed.step_time_s, fixed.reason)
+    assert json.loads(json.dumps(over.to_dict(), allow_nan=False))["step_time_s"] == over.step_time_s
 
 
 @pytest.mark.parametrize("position", ["model", "cluster", "plan"])
@@ -107,3 +117,14 @@ def _a_gemm() -> Op:
 
     graph = build_graph(_tiny(), 512, 1)
     return next(op for block in graph.blocks for op in block.forward if op.kind == "gemm")
+
+
+def test_recording_a_trace_does_not_change_an_out_of_memory_answer() -> None:
+    """Nothing fits, knobs free: the answer with a timeline is the answer without one (recording used to re-run the
+    least-memory candidate through the engine, which only the recorded answer then reported)."""
+    plan = PlanSpec(tp=8, global_batch=8)
+    gpt3 = load_model("gpt3-175b")
+    plain, recorded = simulate(gpt3, A100, plan), simulate(gpt3, A100, plan, record=True)
+    assert not plain.feasible
+    assert recorded.timeline
+    assert json.dumps(plain.to_dict()) == json.dumps(recorded.to_dict())

@@ -445,7 +445,7 @@ def test_overlapped_zero1_gather_exposes_its_first_bucket() -> None:
     this dp, the model split evenly into as many): stage 0's DP stream gathers it at the start of the step."""
     plan = _plan(dp=16, global_batch=16, zero_stage=1)
     r = simulate(DENSE, CLUSTER, plan, record=True)
-    (row,) = [row for row in r.timeline if row[2] == "param_all_gather.first_bucket"]
+    row = next(row for row in r.timeline if row[2] == "param_bucket0.0")
     layout = resolve_layout(DENSE, CLUSTER, plan.with_(seq_len=DENSE.seq_len))
     params = build_graph(DENSE, DENSE.seq_len, 1).params()
     buckets = math.ceil(params / 40e6)
@@ -456,9 +456,27 @@ def test_overlapped_zero1_gather_exposes_its_first_bucket() -> None:
     assert row[:2] == (0, "dp")
     assert row[3:] == (0.0, pytest.approx(gather))
     # Without ZeRO nothing is gathered; without grad_overlap the whole gather blocks after the optimizer step.
-    assert not [row for row in _sim(DENSE, plan.with_(zero_stage=0)).timeline if "param_all_gather" in row[2]]
+    assert not [row for row in _sim(DENSE, plan.with_(zero_stage=0)).timeline if "param_" in row[2]]
     blocking = simulate(DENSE, CLUSTER, plan.with_(grad_overlap=False), record=True)
     assert [row[2] for row in blocking.timeline if "param_all_gather" in row[2]] == ["param_all_gather"]
+
+
+def test_overlapped_zero1_gather_cannot_hide_behind_a_shorter_forward() -> None:
+    """One micro-batch per step (dp 16, global batch 16): each bucket's gather runs behind the compute of the bucket
+    before it, and here it is longer, so the forward waits for it; gathers and gradient reduce-scatters share the
+    stage's data-parallel stream, so the step is at least their sum (the engine used to hide every bucket but the
+    first, whatever its length)."""
+    r = simulate(DENSE, CLUSTER, _plan(dp=16, global_batch=16, zero_stage=1), record=True)
+    rows = [row for row in r.timeline if row[0] == 0]
+    gathers = [row for row in rows if row[2].startswith("param_bucket")]
+    assert [row[2] for row in gathers] == ["param_bucket0.0", "param_bucket0.1"]
+    (forward,) = [row for row in rows if row[2] == "F0.0"]
+    assert forward[3] == pytest.approx(gathers[0][4])  # the first bucket is waited for before the forward starts
+    # The second bucket's gather is longer than the first half of the forward it runs beside, which therefore
+    # waits for it: the forward takes longer than its compute by that wait.
+    assert gathers[1][4] - gathers[1][3] > (forward[4] - forward[3]) / 2
+    assert forward[4] > gathers[1][4]
+    assert r.step_time_s >= sum(row[4] - row[3] for row in rows if row[1] == "dp")
 
 
 def test_full_recompute_adds_one_forward_of_hardware_flops() -> None:

@@ -119,6 +119,46 @@ def test_gradient_overlap_hides_reduction() -> None:
     assert fast < slow
 
 
+def test_chained_parameter_buckets_show_where_longer_than_the_compute_they_overlap() -> None:
+    """Without interleaving, Megatron-Core dispatches bucket j + 1 of the overlapped gather once the forward has waited
+    for bucket j (``finish_param_sync``): one stage, a forward of 0.6 s in three pieces of 0.2 s, buckets of 0.1, 0.5
+    and 0.1 s. The first waits 0.1 s; the second is dispatched at 0.1 s and ready at 0.6 s, 0.3 s after its piece
+    could start; the third, dispatched at 0.6 s, is ready before its piece. The step grows by 0.4 s, all of it on
+    the data-parallel stream, and the gathers' 0.7 s stay inside it."""
+    base = _pipe("1f1b", 1, 2, f=0.6, buckets=(0.5,), overlap=True)
+    gathered = replace(base, stages=(replace(base.stages[0], param_gather_buckets=((0.1, 0.5, 0.1),)),), record=True)
+    without = simulate_pipeline(base)
+    r = simulate_pipeline(gathered)
+    assert r.step_time_s == pytest.approx(without.step_time_s + 0.4)
+    assert r.stages[0].dp_s == pytest.approx(without.stages[0].dp_s + 0.4)
+    spans = {row[2]: row[3:] for row in r.timeline if row[2].startswith("param_bucket")}
+    assert spans == {
+        "param_bucket0.0": (0.0, pytest.approx(0.1)),
+        "param_bucket0.1": (pytest.approx(0.1), pytest.approx(0.6)),
+        "param_bucket0.2": (pytest.approx(0.6), pytest.approx(0.7)),
+    }
+    assert lower_bound(gathered) <= r.step_time_s + 1e-12
+
+
+def test_interleaved_parameter_buckets_are_dispatched_aligned_across_the_pipeline() -> None:
+    """With interleaving, Megatron-Core dispatches every bucket of chunks 0 and 1 with the step and those of chunk c + 1
+    when stage s starts its forward number f(c) − s (``param_sync_func``): p = 2, v = 3, so chunk 2's gather starts
+    with forward number 2 − s (f(1) = p = 2), and no chunk waits when the gathers are short."""
+    p, v = 2, 3
+    base = _pipe("interleaved", p, 4, v, overlap=True)
+    buckets = ((0.01, 0.01), (0.01,), (0.02,))
+    gathered = replace(base, stages=tuple(replace(st, param_gather_buckets=buckets) for st in base.stages), record=True)
+    r = simulate_pipeline(gathered)
+    for s in range(p):
+        forwards = sorted(row[3] for row in r.timeline if row[0] == s and row[1] == "compute" and row[2][0] == "F")
+        (chunk2,) = [row for row in r.timeline if row[0] == s and row[2] == "param_bucket2.0"]
+        assert chunk2[3] == pytest.approx(forwards[2 - s])
+        early = ("param_bucket0.", "param_bucket1.")
+        starts = sorted(row[3] for row in r.timeline if row[0] == s and row[2].startswith(early))
+        assert starts == pytest.approx([0.0, 0.01, 0.02])  # chunks 0 and 1 back to back from the start
+    assert r.stages[1].dp_s == pytest.approx(simulate_pipeline(base).stages[1].dp_s)  # hidden behind the fill
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
 def test_first_parameter_bucket_waits_on_stage_zero_only(schedule: str) -> None:
     """An overlapped ZeRO-1/2 parameter gather leaves its first bucket exposed before the first forward (Megatron-Core's
@@ -126,7 +166,8 @@ def test_first_parameter_bucket_waits_on_stage_zero_only(schedule: str) -> None:
     anyway (fill = 1 per stage here), so a bucket shorter than the fill costs them nothing, and the step grows by it."""
     v = 2 if schedule == "interleaved" else 1
     base = _pipe(schedule, 4, 8, v, buckets=(0.5,), overlap=True)
-    gathered = replace(base, stages=tuple(replace(st, param_prefetch_s=0.3) for st in base.stages))
+    first = ((0.3,),) + ((),) * (v - 1)
+    gathered = replace(base, stages=tuple(replace(st, param_gather_buckets=first) for st in base.stages))
     without = simulate_pipeline(base)
     r = simulate_pipeline(gathered)
     assert r.step_time_s == pytest.approx(without.step_time_s + 0.3)
@@ -312,7 +353,7 @@ def _uneven_pipes(draw: hst.DrawFn) -> PipelineInput:
                 optimizer_s=draw(durations),
                 param_gather_s=draw(durations),
                 dp_network=draw(hst.booleans()),
-                param_prefetch_s=draw(durations),
+                param_gather_buckets=tuple(tuple(draw(hst.lists(durations, max_size=3))) for _ in range(v)),
             )
         )
     sends = tuple(draw(hst.floats(0.0, 1.0)) for _ in range(p))

@@ -31,6 +31,7 @@ from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
 from simulator.parallel.program import (
     attention_output_copy_bytes,
+    is_expert_gemm,
     local_act_bytes,
     local_params,
     stage_params,
@@ -205,11 +206,17 @@ def stage_memory(
     if any(name == "head" for c in chunks for name, _ in c.blocks):
         tokens = layout.micro_batch * layout.seq_len / layout.cp.size
         buffers += 2.0 * tokens * graph.model.vocab / layout.tp.size  # 16-bit logits before the fp32 loss
-    if zero >= 3 and dp > 1:
+    if zero >= 3 and (dp > 1 or edp > 1):
+        # Only what is sharded is gathered: dense parameters over dp, the routed experts' over edp (with ep = dp·cp
+        # every rank keeps its experts whole).
         largest = 0.0
         for chunk in chunks:
             for name, _ in chunk.blocks:
-                largest = max(largest, sum(local_params(op, layout) for op in graph.block(name).forward))
+                gathered = 0.0
+                for op in graph.block(name).forward:
+                    if edp > 1 if is_expert_gemm(op) else dp > 1:
+                        gathered += local_params(op, layout)
+                largest = max(largest, gathered)
         buffers += 2 * 2.0 * largest  # current and prefetched layer, gathered in 16-bit
     if upcasts_gradients(layout):
         # The separate accumulation's cast copy of one parameter's gradient at a time (PlanSpec docstring): the

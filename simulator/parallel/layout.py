@@ -104,6 +104,8 @@ class Layout:
     edp: Group  # expert-data-parallel group: tp·dp·cp / (ep·etp) ranks
     pp: Group
     etp: int = 1  # tensor parallelism inside the experts (tp, or 1 with MoE parallel folding)
+    # The routed experts' tokens on the busiest expert-parallel rank over the average (see resolve_layout).
+    expert_load: float = 1.0
 
     @property
     def num_gpus(self) -> int:
@@ -253,7 +255,20 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
         edp=place("edp", tp * dp * cp // (ep * etp), etp * ep, cluster),
         pp=place("pp", pp, tp * cp * dp, cluster),
         etp=etp,
+        expert_load=_expert_load(plan, model),
     )
+
+
+def _expert_load(plan: PlanSpec, model: ModelSpec) -> float:
+    """The busiest expert-parallel rank's routed tokens over the average: the plan's ``expert_load`` (its imbalance,
+    at most ep), capped by the model's capacity factor where routing drops tokens. Megatron-Core's
+    ``--moe-expert-capacity-factor`` gives each expert at most that many times its average tokens and drops the rest,
+    so no rank holds more (padding every expert to its capacity, ``--moe-pad-expert-input-to-capacity``, is not
+    modelled: its rank runs at the cap whatever the routing)."""
+    load = plan.expert_load
+    if model.moe is not None and model.moe.capacity_factor is not None:
+        load = min(load, model.moe.capacity_factor)
+    return load
 
 
 def _expert_tp(plan: PlanSpec, model: ModelSpec) -> int:

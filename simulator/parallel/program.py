@@ -52,6 +52,7 @@ __all__ = [
     "chunk_params",
     "expert_load",
     "fp8_gemm",
+    "is_expert_gemm",
     "local_act_bytes",
     "local_params",
     "param_all_gathers",
@@ -119,7 +120,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
         changes["heads"] = _ceil(op.heads, tp)
         changes["kv_heads"] = max(1, op.kv_heads // tp)
         return op.with_(**changes)
-    expert = _is_expert_gemm(op)
+    expert = is_expert_gemm(op)
     for axis, div in ((op.tok_axis, tok_div), (op.tp_axis, tp_div)):
         if axis and div > 1:
             changes[axis] = _ceil(int(getattr(op, axis)), div)
@@ -132,14 +133,17 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     return op.with_(**changes)
 
 
-def _is_expert_gemm(op: Op) -> bool:
+def is_expert_gemm(op: Op) -> bool:
+    """Whether ``op`` is one of the routed experts' GEMMs (one problem per expert), whose parameters are sharded and
+    reduced over the expert-data-parallel group."""
     return op.kind == "gemm" and op.batch > 1 and op.name.startswith("moe.experts")
 
 
 def expert_load(op: Op, layout: Layout) -> float:
-    """How many times the average routed tokens the busiest rank's experts process: the plan's expert imbalance
-    for the routed experts' ops (their GEMMs, activation and saved inputs), 1 for every other op."""
-    return layout.plan.expert_load if op.name.startswith("moe.experts") else 1.0
+    """How many times the average routed tokens the busiest rank's experts process: the layout's expert load (the
+    plan's imbalance, capped by a capacity factor) for the routed experts' ops (their GEMMs, activation and saved
+    inputs), 1 for every other op."""
+    return layout.expert_load if op.name.startswith("moe.experts") else 1.0
 
 
 def _routed(op_name: str) -> bool:
@@ -185,7 +189,7 @@ def local_act_bytes(op: Op, layout: Layout) -> float:
     # exception to the first rule: with expert_tp = tp the token dispatcher has already gathered their input
     # over TP (Megatron-Core ``MoEAlltoAllTokenDispatcher``, ``gather_from_sequence_parallel_region``), so
     # every TP rank keeps all the routed tokens its experts see.
-    sp_split = layout.sequence_parallel and tp > 1 and not _is_expert_gemm(op)
+    sp_split = layout.sequence_parallel and tp > 1 and not is_expert_gemm(op)
     act_split = op.tp_axis not in ("", "n", "vocab") or sp_split or _folded(op, layout)
     act = op.act_bytes * expert_load(op, layout) / (layout.cp.size * (tp if act_split else 1))
     if op.kind == "gemm" and fp8_gemm(op, layout):
@@ -227,7 +231,7 @@ def local_params(op: Op, layout: Layout) -> int:
     params = op.params
     if op.tp_axis and not _folded(op, layout):
         params = (op.params - op.replicated_params) // layout.tp.size + op.replicated_params
-    return params // layout.ep.size if _is_expert_gemm(op) else params
+    return params // layout.ep.size if is_expert_gemm(op) else params
 
 
 def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float, float]:
@@ -278,7 +282,7 @@ def _block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, in
         counts = [0, 0, 0, 0]
         for op in graph.block(name).forward:
             params = local_params(op, layout)
-            expert = 1 if _is_expert_gemm(op) else 0
+            expert = 1 if is_expert_gemm(op) else 0
             counts[expert] += params
             if op.fp8_capable:
                 counts[2 + expert] += params
@@ -428,7 +432,7 @@ def _sharding_groups(dense: float, expert: float, layout: Layout) -> list[tuple[
 
 def _split_params(f_ops: list[Op]) -> tuple[int, int]:
     """(dense, routed-expert) parameters of a block's sharded forward ops."""
-    expert = sum(op.params for op in f_ops if _is_expert_gemm(op))
+    expert = sum(op.params for op in f_ops if is_expert_gemm(op))
     return sum(op.params for op in f_ops) - expert, expert
 
 
@@ -767,7 +771,7 @@ def _routed_bytes(layout: Layout, graph: ModelGraph, tokens: int) -> float:
     """16-bit hidden states of ``tokens`` tokens, each routed to top_k experts, at the busiest rank's share."""
     moe = graph.model.moe
     assert moe is not None
-    return float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.plan.expert_load
+    return float(ACT_BYTES * tokens * moe.top_k * graph.model.hidden) * layout.expert_load
 
 
 def _a2a(layout: Layout, graph: ModelGraph, tag: str) -> Comm:

@@ -64,7 +64,9 @@ _MODEL_KEYS = (
 class MoESpec:
     """Mixture-of-experts part of a model.
 
-    ``capacity_factor`` of ``None`` means dropless routing (every token reaches its top-k experts).
+    ``capacity_factor`` of ``None`` means dropless routing (every token reaches its top-k experts); a number caps
+    each expert's tokens at that many times its average and drops the rest (Megatron-Core's
+    ``--moe-expert-capacity-factor``), which bounds the busiest rank's load however unbalanced the routing.
     MoE layers are those with index ``i >= first_dense_layers`` and ``(i - first_dense_layers) %
     layer_frequency == 0``.
     """

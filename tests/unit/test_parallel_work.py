@@ -23,6 +23,7 @@ from simulator.parallel.program import (
     Comm,
     attention_output_copy_bytes,
     build_programs,
+    is_expert_gemm,
     local_act_bytes,
     local_params,
 )
@@ -873,3 +874,33 @@ def test_vocab_parallel_cross_entropy_all_reduces_its_three_row_statistics() -> 
     assert [c.collective for c in reduces] == ["all_reduce"] * 3
     assert {c.size_bytes for c in reduces} == {4.0 * 1024}
     assert not [s for s in _program(_plan(), (("head", 1),), 0) if isinstance(s.work, Comm)]
+
+
+def test_capacity_factor_caps_the_busiest_ranks_load() -> None:
+    """A capacity factor drops an expert's tokens beyond that many times its average (Megatron-Core's
+    --moe-expert-capacity-factor), so routing skew beyond it changes nothing: imbalance 1.5 under capacity 1.2 is
+    imbalance 1.2 without one, and capacity 2 leaves imbalance 1.5 alone."""
+    capped = replace(MOE, moe=replace(MOE.moe, capacity_factor=1.2))
+    roomy = replace(MOE, moe=replace(MOE.moe, capacity_factor=2.0))
+    skewed, at_cap = _plan(dp=2, ep=2, expert_imbalance=1.5), _plan(dp=2, ep=2, expert_imbalance=1.2)
+    a, b = _sim(capped, skewed), _sim(MOE, at_cap)
+    assert (a.step_time_s, a.peak_memory_bytes) == (b.step_time_s, b.peak_memory_bytes)
+    c, d = _sim(roomy, skewed), _sim(MOE, skewed)
+    assert (c.step_time_s, c.peak_memory_bytes) == (d.step_time_s, d.peak_memory_bytes)
+    assert a.step_time_s < d.step_time_s
+
+
+def test_zero3_gathers_only_sharded_parameters() -> None:
+    """With ep = dp every rank keeps its experts whole (the expert-data-parallel group is one rank), so ZeRO-3
+    gathers only a layer's dense parameters, and its two gather buffers (current and prefetched layer, 16-bit) hold
+    the largest block's dense parameters; they had counted the whole MoE layer, experts included, 6x more here."""
+    z2 = _sim(MOE, _plan(dp=2, ep=2, zero_stage=2))
+    z3 = _sim(MOE, _plan(dp=2, ep=2, zero_stage=3))
+    layout = resolve_layout(MOE, CLUSTER, _plan(dp=2, ep=2, zero_stage=3).with_(seq_len=MOE.seq_len))
+    assert layout.edp.size == 1
+    graph = build_graph(MOE, MOE.seq_len, 1)
+    dense = max(
+        sum(local_params(op, layout) for op in graph.block(name).forward if not is_expert_gemm(op))
+        for name in ("embedding", "layer.moe", "head")
+    )
+    assert z3.memory[0].buffers - z2.memory[0].buffers == pytest.approx(2 * 2.0 * dense)

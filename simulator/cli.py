@@ -197,7 +197,8 @@ def _json_safe(value: Any) -> Any:
 def _result_table(r: Any) -> str:
     p = r.plan
     lines = [
-        f"{r.model} on {r.cluster}: {r.num_gpus} GPUs (tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}"
+        f"{r.model} on {r.cluster}: {r.num_gpus} GPU{'' if r.num_gpus == 1 else 's'} "
+        f"(tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}"
         + (f" · ep {p.ep}" if p.ep > 1 else "")
         + f"), global batch {p.global_batch} × {p.seq_len} tokens, {p.precision}",
     ]
@@ -213,8 +214,8 @@ def _result_table(r: Any) -> str:
     block = "" if p.recompute_layers is None else f" recompute_layers={p.recompute_layers}"
     cp_comm = f" cp_comm={p.cp_comm}" if p.cp > 1 else ""
     lines.append(
-        f"layout: micro_batch={p.micro_batch} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
-        f"recompute={p.recompute}{block} zero={p.zero_stage} "
+        f"layout: micro_batch={_fmt_value(p.micro_batch, 'free')} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
+        f"recompute={_fmt_value(p.recompute, 'free')}{block} zero={p.zero_stage} "
         f"sequence_parallel={_fmt_value(p.sequence_parallel if p.sequence_parallel is not None else p.tp > 1)}"
         f"{cp_comm}"
     )
@@ -247,10 +248,12 @@ def _result_table(r: Any) -> str:
     return "\n".join(lines)
 
 
-def _fmt_value(v: Any) -> str:
+def _fmt_value(v: Any, unset: str = "none") -> str:
+    """A knob as the YAML files spell it: ``true``/``false``, and ``unset`` for a knob with no value (a plan that
+    could not run never had its free knobs chosen)."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    return str(v)
+    return unset if v is None else str(v)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -289,8 +292,9 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         print("devices:")
         for name, _ in list_names("device"):
             d = load_device(name)
+            half = "bf16" if "bf16" in dict(d.peak_flops) else "fp16"  # V100 has FP16 tensor cores only
             print(
-                f"  {name:<20} bf16 {d.peak('bf16') / 1e12:7.1f} TFLOP/s  HBM {d.hbm_bytes / GIB:6.1f} GiB "
+                f"  {name:<20} {half} {d.peak(half) / 1e12:7.1f} TFLOP/s  HBM {d.hbm_bytes / GIB:6.1f} GiB "
                 f"{d.hbm_bandwidth_bytes_per_s / 1e9:6.0f} GB/s"
             )
         print("clusters:")
@@ -479,9 +483,19 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 elif kind == "calibration":
                     CalibrationTable.from_mapping(data, where)
                 else:
-                    # A plan file may leave dp and gpus to the command line (simulate --gpus): check the rest.
-                    plan_data = data if "dp" in data or "gpus" in data else {**data, "dp": 1}
-                    PlanSpec.from_mapping(plan_data, where)
+                    # A plan file may leave dp or gpus, and the global batch, to the command line (simulate --gpus,
+                    # --global-batch): check the rest, and say what is left.
+                    left = [k for k in ("global_batch",) if k not in data]
+                    if "dp" not in data and "gpus" not in data:
+                        left.append("dp or gpus")
+                    # A stand-in global batch that every data-parallel degree the plan can have divides.
+                    ints = {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+                    batch = ints.get("gpus", ints.get("dp", 1)) * ints.get("micro_batch", 1)
+                    defaults = {"dp": 1} if "gpus" not in data else {}
+                    defaults["global_batch"] = batch
+                    PlanSpec.from_mapping({**{k: v for k, v in defaults.items() if k not in data}, **data}, where)
+                    if left:
+                        kind += "; left to the command line: " + ", ".join(left)
             print(f"ok: {path} ({kind})")
         except SpecError as err:
             failures += 1
@@ -514,7 +528,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     text = format_report(report, args.format)
     if args.out is not None:
         # Written before the report is printed, so that a reader that stops early (``| head``) still gets the file.
-        _write_output(args.out, report.rows_frame().to_csv(index=False, float_format="%.6g"), "--out")
+        _write_output(args.out, report.rows_frame().to_csv(index=False), "--out")
     print(text)
     invalid = report.summary.get("invalid", 0)
     if invalid:

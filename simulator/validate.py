@@ -466,6 +466,8 @@ def validate_frame(
             "global_batch": _int_or_none(row, "global_batch", where),
             "precision": str(_cell(row, "precision") or ""),
             "measured_step_time_s": measured,
+            "stack": None,  # the software_stacks.yaml entry that matched the row, and what it set
+            "stack_knobs": {},
         }
         try:
             if bad_measure is not None:
@@ -620,8 +622,9 @@ def validate_file(
 
 
 def _stats(errors: list[float]) -> dict[str, Any]:
-    if not errors:
-        return {"rows": 0}
+    if not errors:  # every key still there (null in JSON), so that a file's summary has one shape
+        figures = ("median_abs_error", "mean_abs_error", "p90_abs_error", "max_abs_error", "mean_signed_error")
+        return {"rows": 0, **dict.fromkeys(figures, math.nan)}
     a = np.abs(np.array(errors))
     return {
         "rows": len(errors),
@@ -694,12 +697,23 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def _knob(value: Any) -> str:
+    """A chosen knob as ``simulate`` prints it (``true``, not ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _signed_pct(fraction: float) -> str:
+    """``+1.2%``; an error that rounds to zero is ``+0.0%``, never ``-0.0%``."""
+    text = f"{fraction * 100:+.1f}%"
+    return "+0.0%" if text == "-0.0%" else text
+
+
 def format_report(report: ValidationReport, fmt: str) -> str:
     """Render as ``table``, ``json`` or ``csv``."""
     if fmt == "json":
         return json.dumps(_clean(report.to_dict()), indent=2)
     if fmt == "csv":
-        return str(report.rows_frame().to_csv(index=False, float_format="%.6g")).rstrip("\n")
+        return str(report.rows_frame().to_csv(index=False)).rstrip("\n")
     lines = [
         f"{'run_id':<18}{'model':<28}{'cluster':<14}{'GPUs':>6}"
         f"{'measured':>11}{'predicted':>11}{'error':>9}  chosen / reason"
@@ -707,21 +721,22 @@ def format_report(report: ValidationReport, fmt: str) -> str:
     for r in report.rows:
         pred = r["predicted_step_time_s"]
         err = r["error"]
-        note = r["reason"] if not r["feasible"] else ", ".join(f"{k}={v}" for k, v in r["chosen"].items())
+        notes = [r["reason"] if not r["feasible"] else ", ".join(f"{k}={_knob(v)}" for k, v in r["chosen"].items())]
         if r.get("stack"):
-            note += f" | stack: {r['stack']}"
+            notes.append(f"stack: {r['stack']}")
             overridden = stack_overrides(r)
             if overridden:
-                note += " (overrides " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in overridden.items()) + ")"
+                notes[-1] += " (overrides " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in overridden.items()) + ")"
         if r.get("adjusted"):
-            note += " | adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items())
+            notes.append("adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items()))
+        note = " | ".join(n for n in notes if n)
         meas = r["measured_step_time_s"]
         gpus = "?" if r["num_gpus"] is None else r["num_gpus"]
         run_id, model, cluster = (_one_line(r[k]) for k in ("run_id", "model", "cluster"))
         lines.append(
             f"{run_id:<18}{model[:27]:<28}{cluster:<14}{gpus:>6}"
             f"{'' if math.isnan(meas) else f'{meas:.4g}':>11}{'' if math.isnan(pred) else f'{pred:.4g}':>11}"
-            f"{'' if math.isnan(err) else f'{err * 100:+.1f}%':>9}  {_one_line(note)}"
+            f"{'' if math.isnan(err) else _signed_pct(err):>9}  {_one_line(note)}"
         )
     s = report.summary
     lines.append("")

@@ -116,6 +116,7 @@ class StageMemory:
             "buffers_bytes": self.buffers,
             "total_bytes": self.total,
             "capacity_bytes": self.capacity,
+            "over_bytes": self.over,  # above capacity: how much a plan that does not fit must shed on this stage
         }
 
 

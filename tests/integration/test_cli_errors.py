@@ -431,16 +431,25 @@ def test_directory_given_as_a_file_exits_2(tmp_path: Path, capsys: pytest.Captur
 
 
 @pytest.mark.parametrize(
-    "content", ["tp: 8\npp: 2\nglobal_batch: 16\n", "tp: 8\nglobal_batch: 16\ngpus: 64\n", "dp: 4\nglobal_batch: 8\n"]
+    ("content", "left"),
+    [
+        ("tp: 8\npp: 2\nglobal_batch: 16\n", "dp or gpus"),
+        ("tp: 8\nglobal_batch: 16\ngpus: 64\n", None),
+        ("dp: 4\nglobal_batch: 8\n", None),
+        ("tp: 8\ngpus: 64\nmicro_batch: 2\n", "global_batch"),
+        ("tp: 2\n", "global_batch, dp or gpus"),
+    ],
 )
-def test_check_accepts_plan_files_without_a_gpu_count(
-    content: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_check_accepts_plan_files_that_leave_knobs_to_the_command_line(
+    content: str, left: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 2: a plan file that leaves dp and gpus to ``simulate --gpus`` is valid for ``check`` (found by
-    this test: check assumed 1 GPU and rejected tp=8)."""
+    this test: check assumed 1 GPU and rejected tp=8), and so is one that leaves the global batch to
+    ``--global-batch`` (found by an output audit: simulate accepted what check refused); check says what is left."""
     (tmp_path / "plan.yaml").write_text(content)
     assert main(["check", str(tmp_path / "plan.yaml")]) == 0
-    assert "(plan)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("(plan)" in out) if left is None else (f"(plan; left to the command line: {left})" in out)
 
 
 def test_internal_error_is_a_message_not_a_traceback(

@@ -102,3 +102,36 @@ def test_the_engine_guard_counts_interleaved_stages_too() -> None:
     assert micro_batches * 4 * 2 > MAX_PIPELINE_TASKS
     with pytest.raises(InfeasiblePlanError, match="= 800,000 forward passes per step is more than the 500,000"):
         simulate(model, cluster, plan)
+
+
+def test_a_plan_that_cannot_run_prints_no_python_none(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by an output audit: the layout line of a plan that could not run printed ``micro_batch=None``."""
+    args = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--precision", "fp8"]
+    assert main([*args, "--global-batch", "8"]) == 3
+    out = capsys.readouterr().out
+    assert "None" not in out
+    assert "micro_batch=free" in out
+
+
+def test_hardware_list_shows_the_16_bit_format_each_gpu_has(capsys: pytest.CaptureFixture[str]) -> None:
+    """V100 has FP16 tensor cores and no BF16 (simulate refuses bf16 there), so the list says fp16 for it."""
+    assert main(["hardware", "list"]) == 0
+    v100 = next(line for line in capsys.readouterr().out.splitlines() if "V100-SXM2-32GB " in line)
+    assert " fp16 " in v100
+    assert "bf16" not in v100
+
+
+def test_one_gpu_is_singular(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--model", "megatron-gpt-1.7b", "--cluster", "dgx-a100-80g", "--gpus", "1"]
+    assert main([*args, "--global-batch", "8", "--micro-batch", "1", "--recompute", "full"]) == 0
+    assert ": 1 GPU (tp 1" in capsys.readouterr().out
+
+
+def test_out_of_memory_json_says_which_stage_is_over_by_how_much(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README promises the stage and bytes over: in JSON each stage's ``over_bytes`` (0 where it fits)."""
+    args = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--tp", "8", "--gpus", "8"]
+    assert main([*args, "--global-batch", "8", "--format", "json"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    over = [m for m in data["memory"] if m["over_bytes"] > 0]
+    assert over
+    assert all(m["over_bytes"] == m["total_bytes"] - m["capacity_bytes"] for m in over)

@@ -372,3 +372,37 @@ def test_a_layout_that_cannot_run_whatever_the_free_knobs_says_so_on_its_row() -
     assert row["reason"] == (
         "f.csv: line 2 (r1): the plan cannot run, whatever its free knobs: 'tp' must divide 'heads': tp=3, heads=8"
     )
+
+
+def test_every_row_and_summary_has_one_shape_and_the_csv_keeps_every_digit() -> None:
+    """Found by an output audit: rows without a software stack lacked the ``stack`` keys (and wrote NaN into the CSV's
+    JSON cell), a file without measurements dropped the error keys from its summary, and the CSV rounded to 6
+    significant digits (3.14159265358979 s became 3.14159)."""
+    from io import StringIO
+
+    from simulator.validate import format_report
+
+    stacks = load_stacks(STACKS)
+    frame = pd.DataFrame([_row(), _row(run_id="r2", source="elsewhere", measured_step_time_s=3.14159265358979)])
+    report = validate_frame(frame, "t.csv", stacks=stacks)
+    assert set(report.rows[0]) == set(report.rows[1])
+    assert report.rows[1]["stack"] is None
+    assert report.rows[1]["stack_knobs"] == {}
+    back = pd.read_csv(StringIO(format_report(report, "csv")))
+    assert back["measured_step_time_s"].tolist() == [1.0, 3.14159265358979]
+    assert back["stack_knobs"][1] == "{}"
+    unmeasured = validate_frame(pd.DataFrame([_row(measured_step_time_s=None)]), "t.csv").summary
+    assert unmeasured["median_abs_error"] != unmeasured["median_abs_error"]  # NaN: null in JSON, not missing
+    assert set(unmeasured["by_cluster"]["dgx-h100"]) >= {"median_abs_error", "p90_abs_error", "max_abs_error"}
+
+
+def test_table_prints_knobs_as_simulate_does_and_no_negative_zero() -> None:
+    from simulator.validate import _signed_pct, format_report
+
+    assert _signed_pct(-0.0004) == "+0.0%"
+    assert _signed_pct(-0.0006) == "-0.1%"
+    report = validate_frame(pd.DataFrame([_row(source="elsewhere", recompute=None)]), "t.csv")
+    line = format_report(report, "table").splitlines()[1]
+    assert "recompute=none" in line
+    assert "True" not in line
+    assert " | stack" not in line

@@ -334,8 +334,11 @@ def _attention(model: ModelSpec, b: int, s: int, kernel: str) -> tuple[list[Op],
     # Unfused Megatron path: baddbmm scores, fused scale-mask-softmax, dropout, bmm context.
     bh = b * a
     s2 = float(b * a * s * s)
-    qk_keep = float(E * tokens * (a + kv) * d)
-    v_keep = float(E * tokens * kv * d)
+    # Megatron's unfused DotProductAttention expands K and V to every query head (repeat_interleave over the
+    # query groups) before the batched products, and those expanded copies are what autograd keeps: a · d per
+    # token each, whatever the number of KV heads.
+    qk_keep = float(E * tokens * 2 * a * d)
+    v_keep = float(E * tokens * a * d)
     scores = Op(
         name="attn.scores",
         kind="gemm",

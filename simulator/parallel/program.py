@@ -188,8 +188,10 @@ def local_act_bytes(op: Op, layout: Layout) -> float:
     # the attention core and TP-split memory ops keep TP-split tensors. The routed experts' GEMMs are the
     # exception to the first rule: with expert_tp = tp the token dispatcher has already gathered their input
     # over TP (Megatron-Core ``MoEAlltoAllTokenDispatcher``, ``gather_from_sequence_parallel_region``), so
-    # every TP rank keeps all the routed tokens its experts see.
-    sp_split = layout.sequence_parallel and tp > 1 and not is_expert_gemm(op)
+    # every TP rank keeps all the routed tokens its experts see; so do the permutations of the all-gather dispatcher
+    # (no expert parallelism), which work on the tokens gathered over TP.
+    gathered = op.name in ("moe.permute", "moe.unpermute") and not _routes_own_shard(op, layout)
+    sp_split = layout.sequence_parallel and tp > 1 and not is_expert_gemm(op) and not gathered
     act_split = op.tp_axis not in ("", "n", "vocab") or sp_split or _folded(op, layout)
     act = op.act_bytes * expert_load(op, layout) / (layout.cp.size * (tp if act_split else 1))
     if op.kind == "gemm" and fp8_gemm(op, layout):

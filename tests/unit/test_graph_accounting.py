@@ -213,3 +213,17 @@ def test_cross_entropy_moves_the_bytes_of_megatrons_kernel_chain() -> None:
     fwd, bwd = _op(g, "head.cross_entropy"), _op(g, "head.cross_entropy.bwd")
     assert (fwd.read_bytes, fwd.write_bytes, fwd.act_bytes) == (22 * logits, 16 * logits, 4 * logits)
     assert (bwd.read_bytes, bwd.write_bytes) == (8 * logits, 6 * logits)
+
+
+def test_unfused_attention_keeps_the_expanded_keys_and_values_of_gqa() -> None:
+    """Megatron-Core's unfused DotProductAttention repeat_interleaves K and V to every query head before the batched
+    products, and autograd keeps those copies: with 4 query heads per KV head the score product keeps Q and the
+    expanded K (2·a·d per token), the context product the expanded V (a·d), as with full multi-head attention."""
+    gqa = ModelSpec(name="g", layers=1, hidden=1024, heads=16, kv_heads=4, ffn_hidden=4096, vocab=1000, seq_len=512)
+    mha = ModelSpec(name="m", layers=1, hidden=1024, heads=16, ffn_hidden=4096, vocab=1000, seq_len=512)
+    kept = {}
+    for model in (gqa, mha):
+        ops = build_graph(model, 512, 2, "unfused").block("layer.dense").forward
+        kept[model.name] = {op.name: op.act_bytes for op in ops if op.name in ("attn.scores", "attn.context")}
+    assert kept["g"] == kept["m"]
+    assert kept["g"]["attn.scores"] == 2.0 * 512 * 2 * 2 * 16 * 64

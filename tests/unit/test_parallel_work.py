@@ -904,3 +904,17 @@ def test_zero3_gathers_only_sharded_parameters() -> None:
         for name in ("embedding", "layer.moe", "head")
     )
     assert z3.memory[0].buffers - z2.memory[0].buffers == pytest.approx(2 * 2.0 * dense)
+
+
+def test_all_gather_dispatcher_keeps_the_gathered_tokens_of_its_unpermutation() -> None:
+    """Without expert parallelism Megatron-Core's all-gather dispatcher gathers the tokens over TP before permuting
+    them, so the un-permutation keeps every routed token on each TP rank (its timing already said so); with the
+    all-to-all dispatcher (ep > 1) it works on this rank's sequence shard. Found by a memory review: both kept 1/tp."""
+    graph = build_graph(MOE, MOE.seq_len, 1)
+    (unpermute,) = [op for op in graph.block("layer.moe").forward if op.name == "moe.unpermute"]
+    gather = resolve_layout(MOE, CLUSTER, _plan(tp=2, ep=1, seq_len=MOE.seq_len))
+    a2a = resolve_layout(MOE, CLUSTER, _plan(tp=2, dp=2, ep=2, expert_tp=2, seq_len=MOE.seq_len))
+    assert gather.sequence_parallel
+    assert a2a.sequence_parallel
+    assert local_act_bytes(unpermute, gather) == unpermute.act_bytes
+    assert local_act_bytes(unpermute, a2a) == pytest.approx(unpermute.act_bytes / 2)

@@ -101,8 +101,9 @@ class CommModel:
             self.uncalibrated.update(cached[1])
         return cached[0]
 
-    def _domain_curve(self, collective: str, ranks: int) -> tuple[BandwidthCurve | None, float]:
-        """A measured (or default) NVLink-domain curve and the factor that scales it to this cluster."""
+    def _domain_curve(self, collective: str, ranks: int) -> tuple[BandwidthCurve | None, float, bool]:
+        """A measured (or default) NVLink-domain curve, the factor that scales it to this cluster, and whether it
+        was measured (on this cluster's fabric)."""
         # The cluster's own table first, then one measured on an identical NVLink fabric (ClusterSpec).
         for table in (self.table, self.cluster.fabric_calibration):
             if table is None:
@@ -113,27 +114,35 @@ class CommModel:
                 curve = table.bandwidth_curve("all_reduce", "domain", ranks)
             if curve is not None:
                 ref = curve.reference_bandwidth_bytes_per_s  # set when a what-if changed the measured fabric
-                return curve, (self.cluster.nvlink_bandwidth_bytes_per_s / ref if ref else 1.0)
+                return curve, (self.cluster.nvlink_bandwidth_bytes_per_s / ref if ref else 1.0), True
         self.uncalibrated.add(f"{collective}:domain")
         if self.default is not None:
             curve = self.default.bandwidth_curve(collective, "domain", ranks) or self.default.bandwidth_curve(
                 "all_reduce", "domain", ranks
             )
             if curve is not None and curve.reference_bandwidth_bytes_per_s:
-                return curve, self.cluster.nvlink_bandwidth_bytes_per_s / curve.reference_bandwidth_bytes_per_s
-        return None, 1.0
+                scale = self.cluster.nvlink_bandwidth_bytes_per_s / curve.reference_bandwidth_bytes_per_s
+                return curve, scale, False
+        return None, 1.0, False
 
     def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
         return self._domain_rate(collective, ranks, size)[0]
 
     def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float]:
         """(bus bandwidth at ``size``, the smallest message its curve measured; 0 without a curve)."""
-        curve, scale = self._domain_curve(collective, ranks)
+        curve, scale, _ = self._domain_curve(collective, ranks)
+        return self._scaled_rate(collective, ranks, size, curve, scale)
+
+    def _scaled_rate(
+        self, collective: str, ranks: int, size: float, curve: BandwidthCurve | None, scale: float
+    ) -> tuple[float, float]:
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
             scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
         if self.cluster.nvlink_topology == "mesh":
-            # Direct peer links: a group of k reaches its peers over k - 1 of the domain's n - 1 links.
-            scale *= min(ranks - 1, self.cluster.nvlink_domain_gpus - 1) / max(self.cluster.nvlink_domain_gpus - 1, 1)
+            # Direct peer links: a group of k reaches its peers over k - 1 of the domain's n - 1 links, and a
+            # point-to-point transfer (a pipeline hop, a context-parallel ring step) over the one link to its peer.
+            links = 1 if collective == "send_recv" else min(ranks - 1, self.cluster.nvlink_domain_gpus - 1)
+            scale *= links / max(self.cluster.nvlink_domain_gpus - 1, 1)
         if curve is None:
             return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale, 0.0
         return curve.at(size) * scale, 2.0 ** curve.log2_bytes[0]
@@ -149,13 +158,33 @@ class CommModel:
             return 0.0
         c = self.cluster
         if not group.crosses_network:
-            busbw, smallest = self._domain_rate(collective, n, size)
-            # Below the smallest message the curve measured, a collective takes as long as that message: small
-            # ones are latency-bound (Vidur's 8-GPU DGX H100 all-reduce takes 20-38 us from 2 KiB to 90 KiB,
-            # data/calibration/vidur/network/h100_dgx/all_reduce.csv), where a flat bandwidth would make a
-            # 2 KiB one take 0.5 us.
-            return bus_factor(collective, n) * max(size, smallest) / busbw
+            return self._domain_time(collective, n, size)
         self.uncalibrated.add(f"{collective}:network")
+        # A collective that leaves the node does everything one inside it does (launch, handshakes, NVLink hops
+        # where it has several ranks per node) and crosses the network besides: it is never faster than the same
+        # collective inside one NVLink domain (measured there, while the network part below is modelled).
+        inside = self._domain_time(collective, min(n, max(c.nvlink_domain_gpus, 2)), size)
+        return max(inside, self._network_time(collective, group, size))
+
+    def _domain_time(self, collective: str, n: int, size: float) -> float:
+        """Seconds for ``collective`` of ``size`` bytes over ``n`` ranks inside one NVLink domain."""
+        curve, scale, measured = self._domain_curve(collective, n)
+        busbw, smallest = self._scaled_rate(collective, n, size, curve, scale)
+        # Below the smallest message the curve measured, a collective takes as long as that message: small
+        # ones are latency-bound (Vidur's 8-GPU DGX H100 all-reduce takes 20-38 us from 2 KiB to 90 KiB,
+        # data/calibration/vidur/network/h100_dgx/all_reduce.csv), where a flat bandwidth would make a
+        # 2 KiB one take 0.5 us.
+        t = bus_factor(collective, n) * max(size, smallest) / busbw
+        if not measured:
+            # The default curves are fractions of a measured fabric's bandwidth, so scaling them to another
+            # fabric scales their small-message floor too, which a link's latency does not follow: there the
+            # cluster's per-step NVLink latency bounds the time from below (measured curves include their own).
+            t = max(t, _steps(collective, n) * self.cluster.intra_node_latency_s)
+        return t
+
+    def _network_time(self, collective: str, group: Group, size: float) -> float:
+        n = group.size
+        c = self.cluster
         k = group.per_domain
         lat = c.inter_node_latency_s
         if collective == "send_recv":
@@ -170,6 +199,15 @@ class CommModel:
         # NCCL picks a tree for all-reduce when rings get long, so latency grows with log2(n) there
         # (NCCL 2.4 double binary trees; Sanders et al. 2009). All-gather and reduce-scatter run as rings
         # only (NCCL before 2.23 has no tree or PAT for them): n-1 steps, each paced by the slowest hop.
-        ring_steps = n - 1
-        steps = min(2 * ring_steps, 4 * math.ceil(math.log2(n))) if collective == "all_reduce" else ring_steps
-        return bus_factor(collective, n) * size / busbw + steps * lat
+        return bus_factor(collective, n) * size / busbw + _steps(collective, n) * lat
+
+
+def _steps(collective: str, n: int) -> int:
+    """Latency-bound steps of ``collective`` over ``n`` ranks: one for a point-to-point transfer, n − 1 for a ring
+    (all-gather, reduce-scatter, all-to-all), and for all-reduce the fewer of a ring's 2(n − 1) and a double binary
+    tree's 4·log2(n)."""
+    if collective == "send_recv":
+        return 1
+    if collective == "all_reduce":
+        return min(2 * (n - 1), 4 * math.ceil(math.log2(n)))
+    return n - 1

@@ -163,7 +163,11 @@ class ClusterSpec:
     H100 is both directions: 450 GB/s each way). ``nic_bandwidth_bytes_per_s`` is per NIC, one direction.
     ``nvlink_domain_gpus`` is how many GPUs share one NVLink domain (8 for a DGX, 72 for GB200 NVL72).
     ``nvlink_topology`` is ``switch`` (NVSwitch) or ``mesh`` (direct peer links: ``nvlink_bandwidth`` is then
-    the all-links figure, of which a group of k GPUs uses (k − 1) / (domain − 1)).
+    the all-links figure, of which a group of k GPUs uses (k − 1) / (domain − 1), a point-to-point transfer 1).
+    ``topology`` describes the network (``rail_optimized`` or ``fat_tree``); both are modelled as non-blocking, and
+    ``oversubscription`` is what slows it. ``intra_node_latency_s`` bounds NVLink collectives from below per step
+    where they run on the default curves (measured curves carry their own latency); ``inter_node_latency_s`` is
+    added per step of a collective across nodes.
     """
 
     name: str

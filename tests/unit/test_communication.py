@@ -145,3 +145,42 @@ def test_a_direct_mesh_gives_a_group_only_its_peer_links(ranks: int, links: int)
         )
 
     assert seconds(mesh) / seconds(switch) == pytest.approx(7 / links)
+
+
+def _model(cluster: ClusterSpec) -> CommModel:
+    return CommModel(cluster, cluster.calibration, load_calibration("default"))
+
+
+def test_a_point_to_point_transfer_on_a_mesh_uses_one_link() -> None:
+    """On direct peer links (MI300X's Infinity Fabric) a context-parallel ring step goes to one neighbour over one of
+    the 7 links, whatever the ring's size; it had been given k − 1 links, 333 GB/s over a 64 GB/s link at cp 8."""
+    mi300x = load_cluster("mi300x-8")
+    size = 64 * 2**20
+    one_link = mi300x.nvlink_bandwidth_bytes_per_s / (mi300x.nvlink_domain_gpus - 1)
+    for ranks in (2, 4, 8):
+        t = _model(mi300x).time(Comm("c", "send_recv", place("cp", ranks, 1, mi300x), size, "cp"))
+        assert size / t <= one_link
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "send_recv"])
+@pytest.mark.parametrize("size", [64 * 2**10, 2**20, SIZE])
+def test_leaving_the_node_is_never_faster_than_staying_inside_it(collective: str, size: int) -> None:
+    """The network part is modelled and the NVLink part measured, and small measured NCCL calls cost 20-40 us on
+    DGX H100 (Vidur): two ranks on two nodes had been timed faster than two on one node up to about 1 MB."""
+    h100 = load_cluster("dgx-h100")
+    inside = _model(h100).time(Comm("c", collective, place("dp", 2, 1, h100), size, "dp"))
+    across = _model(h100).time(Comm("c", collective, place("dp", 2, 8, h100), size, "dp"))
+    assert place("dp", 2, 8, h100).crosses_network
+    assert across >= inside
+
+
+def test_nvlink_latency_bounds_collectives_on_default_curves_only() -> None:
+    """The default curves scale with the NVLink bandwidth, their small-message floor with them; the cluster's per-step
+    NVLink latency bounds them from below (an 8-rank all-reduce: 12 tree steps). Measured curves keep their own."""
+    b200, h100 = load_cluster("dgx-b200"), load_cluster("dgx-h100")
+    slow_b200 = replace(b200, intra_node_latency_s=100e-6)
+    comm = Comm("c", "all_reduce", place("tp", 8, 1, b200), 64 * 2**10, "tp")
+    assert _model(slow_b200).time(comm) == pytest.approx(12 * 100e-6)
+    assert _model(b200).time(comm) < 12 * 100e-6
+    h100_comm = Comm("c", "all_reduce", place("tp", 8, 1, h100), 64 * 2**10, "tp")
+    assert _model(replace(h100, intra_node_latency_s=100e-6)).time(h100_comm) == _model(h100).time(h100_comm)

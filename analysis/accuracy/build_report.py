@@ -80,14 +80,15 @@ def row_table(rep: ValidationReport) -> list[str]:
     ]
     for r in rep.rows:
         pred = r["predicted_step_time_s"]
-        notes = ", ".join(f"{k}={v}" for k, v in r["chosen"].items())
+        parts = [", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in r["chosen"].items())]
         if r.get("adjusted"):
-            notes += "; adjusted " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in r["adjusted"].items())
+            parts.append("adjusted " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in r["adjusted"].items()))
         if r.get("stack"):
-            notes += f"; stack: {r['stack']}"
+            parts.append(f"stack: {r['stack']}")
             overridden = stack_overrides(r)
             if overridden:
-                notes += " (overrides " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in overridden.items()) + ")"
+                parts[-1] += " (overrides " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in overridden.items()) + ")"
+        notes = "; ".join(p for p in parts if p)
         if not r["feasible"]:
             notes = f"infeasible: {r['reason']}"
         lines.append(

@@ -289,14 +289,15 @@ def fit_table(
 
 
 def _sustained_ratio(burst: Sequence[float], sustained: Sequence[float]) -> float | None:
-    """Median burst time over median sustained time of the same GEMM, None unless both were measured.
+    """Median burst time over median sustained time of the same GEMM, None unless both were measured. At most 1:
+    a GPU kept busy cannot run faster than in a burst, so a sustained run timed faster is noise between them.
 
-    >>> _sustained_ratio([1.0, 1.2], [1.25]), _sustained_ratio([1.0], [])
-    (0.88, None)
+    >>> _sustained_ratio([1.0, 1.2], [1.25]), _sustained_ratio([1.0], []), _sustained_ratio([1.3], [1.0])
+    (0.88, None, 1.0)
     """
     if not burst or not sustained:
         return None
-    return round(min(statistics.median(burst) / statistics.median(sustained), 2.0), 4)
+    return round(min(statistics.median(burst) / statistics.median(sustained), 1.0), 4)
 
 
 def _sources(rows: Sequence[Measurement], kind: str, key: str) -> str:

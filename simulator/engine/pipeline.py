@@ -357,31 +357,29 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 cp_window[s] = (start + res.duration_s, min(cp_busy / res.duration_s, 1.0))
             if pieces:
                 # One piece per parameter bucket: each waits for its bucket's gather (chained: then dispatches the
-                # next), and runs slowed while a gather is in flight beside it.
+                # next), and runs slowed while a gather is in flight beside it. Pieces run as events of their own,
+                # so that a gather enters the data-parallel stream (which NIC sharing reads) only when dispatched.
                 piece = res.duration_s / len(pieces)
-                clock = env.now
                 for j in range(len(pieces)):
-                    wait = gathered[(t.chunk, j)] - clock
+                    wait = gathered[(t.chunk, j)] - env.now
                     if wait > 0:
                         a.dp += wait
-                        clock += wait
+                        yield env.timeout(wait)
                     if chained and j + 1 < len(pieces):
-                        gather(t.chunk, j + 1, clock)
-                    slow = overlap_extra(dp_free[s] - clock, piece, inp.overlap_slowdown)
-                    clock += piece + slow
+                        gather(t.chunk, j + 1, env.now)
+                    slow = overlap_extra(dp_free[s] - env.now, piece, inp.overlap_slowdown)
+                    yield env.timeout(piece + slow)
                     a.compute += slow
-                yield env.timeout(clock - env.now)
             elif buckets and inp.grad_overlap:
-                # One piece per bucket; each piece frees its bucket, later pieces overlap the reduction and
-                # are slowed for as long as a bucket is actually being reduced beside them.
+                # One piece per bucket; each piece frees its bucket as it ends (not before: a pipeline transfer
+                # sharing the NICs must not see a reduction that has not started), later pieces overlap the
+                # reduction and are slowed for as long as a bucket is actually being reduced beside them.
                 piece = res.duration_s / len(buckets)
-                clock = env.now
                 for b in buckets:
-                    slow = overlap_extra(dp_free[s] - clock, piece, inp.overlap_slowdown)
-                    clock += piece + slow
+                    slow = overlap_extra(dp_free[s] - env.now, piece, inp.overlap_slowdown)
+                    yield env.timeout(piece + slow)
                     a.compute += slow
-                    reduce(b, clock)
-                yield env.timeout(clock - env.now)
+                    reduce(b, env.now)
             else:
                 # Any task that runs while earlier buckets are still being reduced is slowed meanwhile.
                 slow = overlap_extra(dp_free[s] - env.now, res.duration_s, inp.overlap_slowdown)

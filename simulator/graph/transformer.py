@@ -297,6 +297,14 @@ def _norm(name: str, model: ModelSpec, tokens: int) -> tuple[Op, Op]:
     )
 
 
+def _dropout(name: str, model: ModelSpec, tokens: int) -> tuple[Op, Op]:
+    """Plain dropout (the embedding's: Megatron's ``embedding_dropout``): read the input, write the output and the
+    1-byte mask; its backward reads the gradient and the mask."""
+    th = tokens * model.hidden
+    mask = float(th)
+    return _mem(name, E * th, E * th + mask, bwd_read=E * th + mask, bwd_write=E * th, act=mask)
+
+
 def _dropout_add(name: str, model: ModelSpec, tokens: int) -> tuple[Op, Op]:
     th = tokens * model.hidden
     mask = float(th) if model.dropout else 0.0  # 1-byte mask (Korthikanti et al. 2022, Sec. 4.1)
@@ -537,7 +545,7 @@ def _embedding(model: ModelSpec, b: int, s: int) -> tuple[list[Op], list[Op]]:
         tok_axis="bytes",
         sp_tokens=False,
     )
-    drop, drop_b = _dropout_add("embedding.dropout", model, tokens)
+    drop, drop_b = _dropout("embedding.dropout", model, tokens)
     fwd = [emb] + ([drop] if model.dropout else [])
     bwd = ([drop_b] if model.dropout else []) + [emb_b]
     return fwd, bwd

@@ -322,7 +322,8 @@ class CalibrationTable:
             collectives=colls,
             overlap_slowdown=f.number("overlap_slowdown", None, minimum=0.0, maximum=1.0),
             launch_overhead_s=_us(f.number("launch_overhead_us", None, minimum=0.0)),
-            sustained_gemm_ratio=f.number("sustained_gemm_ratio", None, positive=True, maximum=2.0),
+            # Sustained over burst speed: a GPU kept busy cannot beat its burst speed (above 1, a GEMM could pass peak).
+            sustained_gemm_ratio=f.number("sustained_gemm_ratio", None, positive=True, maximum=1.0),
             measured_nvlink_bandwidth_bytes_per_s=f.scaled(
                 "measured_nvlink_bandwidth_gb_per_s",
                 f.number("measured_nvlink_bandwidth_gb_per_s", None, positive=True),

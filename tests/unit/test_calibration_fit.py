@@ -182,7 +182,7 @@ def test_sustained_gemm_probes_give_the_ratio_that_slows_flop_bound_kernels() ->
     assert hot.time(norm) == cool.time(norm)
 
 
-@pytest.mark.parametrize("value", [0, -0.5, 2.5, "fast"])
+@pytest.mark.parametrize("value", [0, -0.5, 1.3, 2.5, "fast"])
 def test_a_bad_sustained_ratio_names_the_key(value: object) -> None:
     mapping = {**fit_table(gemm_rows(), DEV, name="t").to_mapping(), "sustained_gemm_ratio": value}
     with pytest.raises(SpecError, match="sustained_gemm_ratio"):

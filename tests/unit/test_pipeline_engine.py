@@ -375,3 +375,35 @@ def test_lower_bound_never_exceeds_the_step(inp: PipelineInput) -> None:
     schedule, uneven stages, transfers, NIC sharing, gradient buckets with and without overlap."""
     step = simulate_pipeline(inp).step_time_s
     assert lower_bound(inp) <= step * (1 + 1e-12) + 1e-12
+
+
+@pytest.mark.parametrize(("bucket", "step"), [(0.0, 17.0), (0.01, 17.01), (1.0, 17.5)])
+def test_a_transfer_shares_the_nics_only_with_reductions_already_released(bucket: float, step: float) -> None:
+    """1F1B, p 3, m 2, F 1, B 2/4/2, sends of 0.5 s, stage 1's hop to stage 0 and its gradient reduction on the
+    network. Stage 1 releases its one bucket when its last backward ends (14.5 s); its send at 10.5 s must not be
+    slowed by it (found by an engine review: the bucket was entered into the NIC's timeline when that backward
+    started, so a 0 s bucket cost 0.5 s). The 1 s bucket does share the NICs with the send that starts with it."""
+    orders = generate("1f1b", 3, 2)
+    stages = tuple(
+        StageInput(
+            order=orders[s],
+            fwd=(_task(1.0),),
+            bwd=(_task((2.0, 4.0, 2.0)[s]),),
+            wgt=(_task(0.0),),
+            dp_buckets=((bucket,) if s == 1 else (),),
+            dp_tail_s=0.0,
+            optimizer_s=0.0,
+            param_gather_s=0.0,
+            dp_network=True,
+        )
+        for s in range(3)
+    )
+    inp = PipelineInput(
+        stages=stages,
+        vp=1,
+        send_fwd_s=(0.5,) * 3,
+        send_bwd_s=(0.5,) * 3,
+        grad_overlap=True,
+        hop_network=(True, False, False),
+    )
+    assert simulate_pipeline(inp).step_time_s == pytest.approx(step)

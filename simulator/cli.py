@@ -85,6 +85,13 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         "--no-grad-accum-fusion adds one gradient add per micro-batch, as 2021 Megatron-LM and DeepSpeed did",
     )
     g.add_argument(
+        "--align-grad-reduce",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with overlapped reduction and pp > 1, stages launch it as Megatron-Core does (its default): only the "
+        "first stage during its last backward; --no-align-grad-reduce: every stage bucket by bucket (PyTorch DDP)",
+    )
+    g.add_argument(
         "--grad-accum-upcast-copy",
         action=argparse.BooleanOptionalAction,
         default=None,

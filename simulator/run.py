@@ -746,6 +746,8 @@ def _pipeline_input(
         grad_overlap=layout.grad_overlap,
         overlap_slowdown=slowdown,
         record=record,
+        # Megatron-Core's schedules align the launch; its ZB-H1 and GPipe orders are not its own.
+        align_grad_reduce=plan.align_grad_reduce and layout.schedule in ("1f1b", "interleaved"),
     )
     return pipe, hw_flops
 

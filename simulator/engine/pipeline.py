@@ -95,6 +95,13 @@ class PipelineInput:
     overlap_slowdown: float = 0.0
     record: bool = False
     hop_network: tuple[bool, ...] = ()
+    # Megatron-Core's align_grad_reduce (its default, with overlapped reduction and pp > 1): without interleaving
+    # only stage 0 reduces its buckets as its last backward frees them, the other stages launch all theirs after
+    # their last backward ("other pipeline stages do grad reduction during pipeline bubble"); with interleaving
+    # stage s launches chunk c's buckets together after its backward number b(c) + s, b(c) being that of chunk c's
+    # last backward (schedules.py, grad_sync_func). Off, every stage reduces bucket by bucket during the last
+    # backward of each chunk (PyTorch DDP, Megatron before the option).
+    align_grad_reduce: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,14 +329,24 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         # What each task waits for and runs, looked up once before the run: a backward needs its forward and a
         # weight gradient its backward on this stage (None where the schedule lacks it), and a task whose input
         # comes from another stage waits for its arrival.
+        # Buckets released together after a task (PipelineInput.align_grad_reduce), by the task's position.
+        in_bulk: dict[int, list[float]] = {}
+        aligned = inp.grad_overlap and inp.align_grad_reduce and p > 1 and (v > 1 or s > 0)
+        if aligned:
+            final_kind = _final_backward_kind(st.order)
+            finals = [i for i, t in enumerate(st.order) if t.kind == final_kind]
+            for c, last in last_bwd[s].items():
+                k = finals.index(st.order.index(last))
+                target = finals[-1] if v == 1 else finals[min(k + s, len(finals) - 1)]
+                in_bulk.setdefault(target, []).extend(st.dp_buckets[c])
         tasks = []
         for t in st.order:
             own = done.get((s, "F" if t.kind == "B" else "B", t.mb, t.chunk)) if t.kind != "F" else None
             arrival = arrive[(s, t.kind, t.mb, t.chunk)] if source(s, t) is not None else None
             res = st.fwd[t.chunk] if t.kind == "F" else st.bwd[t.chunk] if t.kind == "B" else st.wgt[t.chunk]
-            buckets = st.dp_buckets[t.chunk] if last_bwd[s].get(t.chunk) == t else ()
+            buckets = st.dp_buckets[t.chunk] if last_bwd[s].get(t.chunk) == t and not aligned else ()
             tasks.append((t, t.kind != "F", own, arrival, res, buckets, done[(s, t.kind, t.mb, t.chunk)]))
-        for t, needs_own, own, arrival, res, buckets, finished in tasks:
+        for position, (t, needs_own, own, arrival, res, buckets, finished) in enumerate(tasks):
             if needs_own and (own is None or not own.triggered):
                 break  # a schedule that runs a task before its prerequisite: reported as a deadlock
             if arrival is not None and not arrival.triggered:
@@ -391,6 +408,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 a.exposed[kind] = a.exposed.get(kind, 0.0) + sec
             if record:
                 rows.append((s, "compute", f"{t.kind}{t.mb}.{t.chunk}", start, env.now))
+            for b in in_bulk.get(position, ()):
+                reduce(b, env.now)
             finished.succeed()
         # Gradient reduction must finish before the optimizer step.
         compute_end = env.now

@@ -24,6 +24,11 @@ micro-batches (Megatron-LM ``--gradient-accumulation-fusion``, the default since
 ``grad_added_to_main_grad``); off, every micro-batch's backward adds each parameter's fresh 16-bit gradient
 into the buffer in a separate kernel (Megatron-LM's 2021 ``param_hook``: ``main_grad.add_(grad)``; PyTorch
 autograd's own accumulation behaves alike), reading the gradient and the buffer and writing the buffer.
+``align_grad_reduce`` (on by default, as Megatron-Core's ``--no-align-grad-reduce`` leaves it) shapes overlapped
+gradient reduction with pipeline parallelism: without interleaving only the first stage reduces during its last
+backward and the others after theirs; with interleaving stage s launches a chunk's buckets together s backward
+passes after that chunk's last one (:class:`simulator.engine.pipeline.PipelineInput`). Off, every stage reduces
+bucket by bucket during the last backward of each chunk, as PyTorch DDP does.
 ``grad_accum_upcast_copy`` (off by default; only with ``grad_accum_fusion`` off) makes that separate accumulation
 two kernels, as DeepSpeed's ``BF16_Optimizer`` runs it after every micro-batch's backward
 (``deepspeed/runtime/bf16_optimizer.py``, ``update_hp_grads``: ``hp_grad.add_(lp.grad.to(hp_grad.dtype))``): a
@@ -91,6 +96,7 @@ _KNOB_READERS: dict[str, Any] = {
     "grad_overlap": lambda f, key, default: f.boolean(key, default),
     "tp_overlap": lambda f, key, default: f.boolean(key, default),
     "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
+    "align_grad_reduce": lambda f, key, default: f.boolean(key, default),
     "grad_accum_upcast_copy": lambda f, key, default: f.boolean(key, default),
     "fp8_param": lambda f, key, default: f.boolean(key, default),
     "vocab_divisible_by": lambda f, key, default: f.integer(key, default, minimum=1),
@@ -172,6 +178,7 @@ class PlanSpec:
     grad_overlap: bool | None = None
     tp_overlap: bool | None = None
     grad_accum_fusion: bool = True
+    align_grad_reduce: bool = True  # pipeline stages launch overlapped reductions as Megatron-Core does (docstring)
     grad_accum_upcast_copy: bool = False  # the separate accumulation casts to a copy first (module docstring)
     fp8_param: bool = False  # FP8 GEMM weights kept in FP8 only (module docstring)
     vocab_divisible_by: int = 128  # the vocabulary is padded to a multiple of this times tp (module docstring)

@@ -407,3 +407,35 @@ def test_a_transfer_shares_the_nics_only_with_reductions_already_released(bucket
         hop_network=(True, False, False),
     )
     assert simulate_pipeline(inp).step_time_s == pytest.approx(step)
+
+
+def test_aligned_reduction_waits_for_the_last_backward_on_later_stages() -> None:
+    """Megatron-Core's align_grad_reduce without interleaving: stage 0 reduces each bucket as its last backward frees
+    it; the other stages launch all theirs after their last backward (schedules.py: "other pipeline stages do grad
+    reduction during pipeline bubble"), so their compute is never slowed by a reduction beside it."""
+    base = replace(_pipe("1f1b", 3, 4, buckets=(0.4, 0.4), overlap=True), overlap_slowdown=0.2, record=True)
+    aligned = simulate_pipeline(replace(base, align_grad_reduce=True))
+    for s in range(3):
+        last_b = max(row[4] for row in aligned.timeline if row[0] == s and row[2].startswith("B"))
+        starts = [row[3] for row in aligned.timeline if row[0] == s and row[2].startswith("grad_bucket")]
+        assert len(starts) == 2
+        if s == 0:
+            assert min(starts) < last_b  # the first bucket is reduced while the last backward still runs
+        else:
+            assert min(starts) == pytest.approx(last_b)
+    assert aligned.step_time_s <= simulate_pipeline(base).step_time_s
+
+
+def test_aligned_reduction_with_interleaving_launches_a_chunk_s_backward_passes_later() -> None:
+    """With interleaving, stage s launches chunk c's buckets together after its backward number b(c) + s, b(c) that of
+    chunk c's last backward (Megatron-Core's grad_sync_func), or after its last backward where that is beyond it."""
+    p, m, v = 2, 4, 2
+    base = replace(_pipe("interleaved", p, m, v, buckets=(0.1,), overlap=True), record=True, align_grad_reduce=True)
+    r = simulate_pipeline(base)
+    for s in range(p):
+        backs = sorted((row[3], row[4], row[2]) for row in r.timeline if row[0] == s and row[2].startswith("B"))
+        chunk_last = {int(name.split(".")[1]): k for k, (_, _, name) in enumerate(backs)}
+        starts = sorted(row[3] for row in r.timeline if row[0] == s and row[2].startswith("grad_bucket"))
+        expected = sorted(backs[min(k + s, len(backs) - 1)][1] for k in chunk_last.values())
+        assert starts[0] == pytest.approx(expected[0])
+        assert starts[-1] >= expected[-1] - 1e-9

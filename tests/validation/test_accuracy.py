@@ -47,7 +47,9 @@ ISSUE_TARGET = {
 # GEMMs of 1e8-1e9 FLOPs and small norms 1.6-3x slower than their own measurements (held-out kernel p90 on H100
 # norm 178% -> 19%, GEMM 79% -> 31%). That slowness had stood in for the host cost these rows are bound by.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.058, "p90_abs_error": 0.18},
+    # p90 18.9% since pipeline stages launch their gradient reduction as Megatron-Core does (align_grad_reduce,
+    # analysis/accuracy/NOTES.md); 17.2% before.
+    "published_runs.csv": {"median_abs_error": 0.058, "p90_abs_error": 0.195},
     "vtrain_single_node.csv": {"median_abs_error": 0.228, "p90_abs_error": 0.593},
 }
 GUARD_SPEARMAN = 0.6
@@ -128,12 +130,13 @@ def test_held_out_runs_are_all_predicted(held_out: ValidationReport) -> None:
 
 
 def test_held_out_dense_h100_rows_stay_close(held_out: ValidationReport) -> None:
-    """The calibrated part of the held-out file: dense Llama 3 on H100 with current software, within 9.5% today
-    (analysis/ACCURACY.md: −9.1% to +1.3%; it was −2.9% to +5.8% before the FP8 cast stopped delaying the dgrad
-    GEMM behind the input all-gather and userbuffers overlapped the reduce-scatters)."""
+    """The calibrated part of the held-out file: dense Llama 3 on H100 with current software, within 10% today
+    (analysis/ACCURACY.md: −9.6% to +1.2%; it was −2.9% to +5.8% before the FP8 cast stopped delaying the dgrad
+    GEMM behind the input all-gather and userbuffers overlapped the reduce-scatters, and −9.1% to +1.3% before
+    pipeline stages launched their gradient reduction as Megatron-Core does)."""
     rows = [r for r in held_out.rows if r["cluster"] == "dgx-h100" and str(r["model"]).startswith("LLAMA")]
     assert len(rows) == 5
-    assert max(abs(r["error"]) for r in rows) <= 0.095
+    assert max(abs(r["error"]) for r in rows) <= 0.10
 
 
 def _pct(x: float) -> str:

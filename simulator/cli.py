@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from simulator import __version__
 from simulator.errors import CalibrationError, InfeasiblePlanError, SimulatorError, SpecError
-from simulator.units import GIB, fmt_seconds
+from simulator.units import GIB, fmt_knob, fmt_seconds
 
 __all__ = ["main", "main_entry"]
 
@@ -217,13 +217,13 @@ def _result_table(r: Any) -> str:
             f"MFU {r.mfu * 100:.1f}%   HFU {r.hfu * 100:.1f}%"
         )
     if r.chosen:
-        lines.append("chosen: " + ", ".join(f"{k}={_fmt_value(v)}" for k, v in r.chosen.items()))
+        lines.append("chosen: " + ", ".join(f"{k}={fmt_knob(v)}" for k, v in r.chosen.items()))
     block = "" if p.recompute_layers is None else f" recompute_layers={p.recompute_layers}"
     cp_comm = f" cp_comm={p.cp_comm}" if p.cp > 1 else ""
     lines.append(
-        f"layout: micro_batch={_fmt_value(p.micro_batch, 'free')} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
-        f"recompute={_fmt_value(p.recompute, 'free')}{block} zero={p.zero_stage} "
-        f"sequence_parallel={_fmt_value(p.sequence_parallel if p.sequence_parallel is not None else p.tp > 1)}"
+        f"layout: micro_batch={fmt_knob(p.micro_batch, 'free')} vp={p.vp or 1} schedule={p.schedule or 'auto'} "
+        f"recompute={fmt_knob(p.recompute, 'free')}{block} zero={p.zero_stage} "
+        f"sequence_parallel={fmt_knob(p.sequence_parallel if p.sequence_parallel is not None else p.tp > 1)}"
         f"{cp_comm}"
     )
     if r.breakdown:
@@ -253,14 +253,6 @@ def _result_table(r: Any) -> str:
     if r.calibration:
         lines.append(f"calibration table: {r.calibration}")
     return "\n".join(lines)
-
-
-def _fmt_value(v: Any, unset: str = "none") -> str:
-    """A knob as the YAML files spell it: ``true``/``false``, and ``unset`` for a knob with no value (a plan that
-    could not run never had its free knobs chosen)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return unset if v is None else str(v)
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -492,15 +484,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 else:
                     # A plan file may leave dp or gpus, and the global batch, to the command line (simulate --gpus,
                     # --global-batch): check the rest, and say what is left.
-                    left = [k for k in ("global_batch",) if k not in data]
-                    if "dp" not in data and "gpus" not in data:
-                        left.append("dp or gpus")
-                    # A stand-in global batch that every data-parallel degree the plan can have divides.
+                    # Stand-ins for what is left: dp 1, and a global batch every data-parallel degree divides.
                     ints = {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
-                    batch = ints.get("gpus", ints.get("dp", 1)) * ints.get("micro_batch", 1)
-                    defaults = {"dp": 1} if "gpus" not in data else {}
-                    defaults["global_batch"] = batch
-                    PlanSpec.from_mapping({**{k: v for k, v in defaults.items() if k not in data}, **data}, where)
+                    defaults: dict[str, int] = {
+                        "global_batch": ints.get("gpus", ints.get("dp", 1)) * ints.get("micro_batch", 1)
+                    }
+                    left = [] if "global_batch" in data else ["global_batch"]
+                    if "dp" not in data and "gpus" not in data:
+                        defaults["dp"] = 1
+                        left.append("dp or gpus")
+                    PlanSpec.from_mapping({**defaults, **data}, where)
                     if left:
                         kind += "; left to the command line: " + ", ".join(left)
             print(f"ok: {path} ({kind})")

@@ -813,15 +813,14 @@ def _param_gather_buckets(
     bucketed, and gathered, separately (as :func:`_grad_buckets` reduces them): the dense buckets, then the
     experts'."""
     dense, expert, fp8_dense, fp8_expert = chunk
+    counts = (_bucket_count(dense, bucket_params), _bucket_count(expert, bucket_params))
+    # One gather per buffer (the experts' only where there are experts), each of one bucket's share.
+    gathers = param_all_gathers(
+        dense / counts[0], expert / counts[1], layout, "step.bucket", (fp8_dense / counts[0], fp8_expert / counts[1])
+    )
     out: list[float] = []
-    for params, fp8, as_expert in ((dense, fp8_dense, False), (expert, fp8_expert, True)):
-        if params <= 0:
-            continue
-        n = _bucket_count(params, bucket_params)
-        shares = (0.0, params / n) if as_expert else (params / n, 0.0)
-        fp8_shares = (0.0, fp8 / n) if as_expert else (fp8 / n, 0.0)
-        gathers = param_all_gathers(*shares, layout, "step.bucket", fp8_shares)
-        t = sum(comm.time(c) for c in gathers if c.size_bytes > 0 and c.group.size > 1)
+    for gather, n in zip(gathers, counts, strict=False):
+        t = comm.time(gather)  # 0 for an empty buffer or a group of one rank
         if t > 0:
             out += [t] * n
     return tuple(out)

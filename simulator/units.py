@@ -44,3 +44,11 @@ def fmt_seconds(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.1f} us"
+
+
+def fmt_knob(value: object, unset: str = "none") -> str:
+    """A plan knob as the YAML files spell it: ``true``/``false`` (not Python's ``True``), and ``unset`` for a knob
+    with no value (a plan that could not run never had its free knobs chosen)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return unset if value is None else str(value)

@@ -59,6 +59,7 @@ from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import TRAINING_KNOBS, PlanSpec, read_knob
+from simulator.units import fmt_knob
 
 __all__ = [
     "REQUIRED_COLUMNS",
@@ -697,11 +698,6 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
-def _knob(value: Any) -> str:
-    """A chosen knob as ``simulate`` prints it (``true``, not ``True``)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def _signed_pct(fraction: float) -> str:
     """``+1.2%``; an error that rounds to zero is ``+0.0%``, never ``-0.0%``."""
     text = f"{fraction * 100:+.1f}%"
@@ -721,7 +717,7 @@ def format_report(report: ValidationReport, fmt: str) -> str:
     for r in report.rows:
         pred = r["predicted_step_time_s"]
         err = r["error"]
-        notes = [r["reason"] if not r["feasible"] else ", ".join(f"{k}={_knob(v)}" for k, v in r["chosen"].items())]
+        notes = [r["reason"] if not r["feasible"] else ", ".join(f"{k}={fmt_knob(v)}" for k, v in r["chosen"].items())]
         if r.get("stack"):
             notes.append(f"stack: {r['stack']}")
             overridden = stack_overrides(r)

@@ -23,6 +23,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from simulator.units import fmt_knob
 from simulator.validate import ValidationReport, stack_overrides, validate_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +81,7 @@ def row_table(rep: ValidationReport) -> list[str]:
     ]
     for r in rep.rows:
         pred = r["predicted_step_time_s"]
-        parts = [", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in r["chosen"].items())]
+        parts = [", ".join(f"{k}={fmt_knob(v)}" for k, v in r["chosen"].items())]
         if r.get("adjusted"):
             parts.append("adjusted " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in r["adjusted"].items()))
         if r.get("stack"):

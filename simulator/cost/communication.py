@@ -128,14 +128,10 @@ class CommModel:
     def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
         return self._domain_rate(collective, ranks, size)[0]
 
-    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float]:
-        """(bus bandwidth at ``size``, the smallest message its curve measured; 0 without a curve)."""
-        curve, scale, _ = self._domain_curve(collective, ranks)
-        return self._scaled_rate(collective, ranks, size, curve, scale)
-
-    def _scaled_rate(
-        self, collective: str, ranks: int, size: float, curve: BandwidthCurve | None, scale: float
-    ) -> tuple[float, float]:
+    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float, bool]:
+        """(bus bandwidth at ``size``, the smallest message its curve measured (0 without a curve), whether the
+        curve was measured on this cluster's fabric)."""
+        curve, scale, measured = self._domain_curve(collective, ranks)
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
             scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
         if self.cluster.nvlink_topology == "mesh":
@@ -144,8 +140,8 @@ class CommModel:
             links = 1 if collective == "send_recv" else min(ranks - 1, self.cluster.nvlink_domain_gpus - 1)
             scale *= links / max(self.cluster.nvlink_domain_gpus - 1, 1)
         if curve is None:
-            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale, 0.0
-        return curve.at(size) * scale, 2.0 ** curve.log2_bytes[0]
+            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale, 0.0, measured
+        return curve.at(size) * scale, 2.0 ** curve.log2_bytes[0], measured
 
     def _network_busbw(self, per_domain: int) -> float:
         c = self.cluster
@@ -168,8 +164,7 @@ class CommModel:
 
     def _domain_time(self, collective: str, n: int, size: float) -> float:
         """Seconds for ``collective`` of ``size`` bytes over ``n`` ranks inside one NVLink domain."""
-        curve, scale, measured = self._domain_curve(collective, n)
-        busbw, smallest = self._scaled_rate(collective, n, size, curve, scale)
+        busbw, smallest, measured = self._domain_rate(collective, n, size)
         # Below the smallest message the curve measured, a collective takes as long as that message: small
         # ones are latency-bound (Vidur's 8-GPU DGX H100 all-reduce takes 20-38 us from 2 KiB to 90 KiB,
         # data/calibration/vidur/network/h100_dgx/all_reduce.csv), where a flat bandwidth would make a

@@ -282,19 +282,25 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         st = inp.stages[s]
         a = acc[s]
         deferred: list[float] = []
-        # The DP stream reduces buckets in the order they are released, one at a time, and nothing else
-        # waits on a single bucket: its timeline (dp_free[s]) is computed as buckets are handed over.
-        reduced = 0
 
-        def reduce(duration: float, ready: float) -> None:
-            nonlocal reduced
+        # The DP stream runs gradient reductions and parameter gathers in the order they are handed to it, one at
+        # a time, and nothing waits on one of them but through the end time returned here: its timeline
+        # (dp_free[s]) is computed as they are handed over.
+        def on_dp_stream(duration: float, ready: float, label: str) -> float:
             begin = max(dp_free[s], ready)
             if dp_on_network[s]:
                 duration += _cp_share(s, begin, duration)
             dp_free[s] = begin + duration
-            reduced += 1
             if record and duration > 0:
-                rows.append((s, "dp", f"grad_bucket{reduced}", begin, dp_free[s]))
+                rows.append((s, "dp", label, begin, dp_free[s]))
+            return dp_free[s]
+
+        reduced = 0
+
+        def reduce(duration: float, ready: float) -> None:
+            nonlocal reduced
+            reduced += 1
+            on_dp_stream(duration, ready, f"grad_bucket{reduced}")
 
         # The overlapped parameter gather (StageInput.param_gather_buckets): when each bucket is ready.
         gathers = st.param_gather_buckets if inp.grad_overlap else ()
@@ -302,22 +308,22 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         gathered: dict[tuple[int, int], float] = {}
 
         def gather(c: int, j: int, now: float) -> None:
-            begin = max(dp_free[s], now)
-            duration = gathers[c][j]
-            if dp_on_network[s]:
-                duration += _cp_share(s, begin, duration)
-            dp_free[s] = gathered[(c, j)] = begin + duration
-            if record and duration > 0:
-                rows.append((s, "dp", f"param_bucket{c}.{j}", begin, dp_free[s]))
+            gathered[(c, j)] = on_dp_stream(gathers[c][j], now, f"param_bucket{c}.{j}")
+
+        def gather_chunk(c: int, now: float) -> None:
+            for j in range(len(gathers[c])):
+                gather(c, j, now)
 
         # Dispatches: at the start of the step, and (interleaved) at the start of the forward numbered in
         # ``dispatch``; the first forward of each chunk waits for its buckets piece by piece.
         dispatch: dict[int, list[int]] = {}
         first_forward: dict[int, int] = {}
         if gathers:
-            for c in range(1 if chained else min(2, len(gathers))):
-                for j in range(min(1, len(gathers[c])) if chained else len(gathers[c])):
-                    gather(c, j, 0.0)
+            if not chained:
+                for c in range(min(2, len(gathers))):
+                    gather_chunk(c, 0.0)
+            elif gathers[0]:
+                gather(0, 0, 0.0)  # the rest of the chain is dispatched as the forward reaches each bucket
             forwards = [task for task in st.order if task.kind == "F"]
             for k, task in enumerate(forwards):
                 first_forward.setdefault(task.chunk, k)
@@ -326,9 +332,6 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                     if 2 <= c + 1 < len(gathers):
                         dispatch.setdefault(max(k - s, 0), []).append(c + 1)
         forward_number = -1
-        # What each task waits for and runs, looked up once before the run: a backward needs its forward and a
-        # weight gradient its backward on this stage (None where the schedule lacks it), and a task whose input
-        # comes from another stage waits for its arrival.
         # Buckets released together after a task (PipelineInput.align_grad_reduce), by the task's position.
         in_bulk: dict[int, list[float]] = {}
         aligned = inp.grad_overlap and inp.align_grad_reduce and p > 1 and (v > 1 or s > 0)
@@ -339,6 +342,9 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 k = finals.index(st.order.index(last))
                 target = finals[-1] if v == 1 else finals[min(k + s, len(finals) - 1)]
                 in_bulk.setdefault(target, []).extend(st.dp_buckets[c])
+        # What each task waits for and runs, looked up once before the run: a backward needs its forward and a
+        # weight gradient its backward on this stage (None where the schedule lacks it), and a task whose input
+        # comes from another stage waits for its arrival.
         tasks = []
         for t in st.order:
             own = done.get((s, "F" if t.kind == "B" else "B", t.mb, t.chunk)) if t.kind != "F" else None
@@ -361,8 +367,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             if gathers and t.kind == "F":
                 forward_number += 1
                 for c in dispatch.get(forward_number, ()):
-                    for j in range(len(gathers[c])):
-                        gather(c, j, env.now)
+                    gather_chunk(c, env.now)
                 if first_forward.get(t.chunk) == forward_number:
                     pieces = gathers[t.chunk]
             if pieces and gathered[(t.chunk, 0)] > env.now:

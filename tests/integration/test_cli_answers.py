@@ -92,19 +92,7 @@ def test_model_by_yaml_path_and_hf_config_equal_the_built_in(
     by_name = simulate_json(LLAMA8, capsys)
     yaml_path = find_file("model", "llama3-8b")
     by_yaml = simulate_json([*LLAMA8, "--model", str(yaml_path)], capsys)
-    config = {
-        "model_type": "llama",
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-        "max_position_embeddings": 8192,
-        "hidden_act": "silu",
-        "tie_word_embeddings": False,
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_bytes((ROOT / "tests" / "data" / "hf" / "llama3-8b.json").read_bytes())
     by_hf = simulate_json([*LLAMA8, "--model", str(tmp_path / "config.json")], capsys)
     assert by_yaml["step_time_s"] == by_name["step_time_s"]
     assert by_hf["step_time_s"] == pytest.approx(by_name["step_time_s"], rel=1e-12)

@@ -13,29 +13,12 @@ from simulator.errors import SpecError
 from simulator.specs.hf import SUPPORTED_MODEL_TYPES, load_hf_config, model_from_hf_config
 from simulator.specs.model import ModelSpec
 
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 8192,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-}
-GPT2 = {
-    "model_type": "gpt2",
-    "n_embd": 768,
-    "n_layer": 12,
-    "n_head": 12,
-    "n_inner": None,
-    "n_positions": 1024,
-    "vocab_size": 50257,
-    "activation_function": "gelu_new",
-}
+# Configs of released checkpoints, shared with test_hf_import (tests/data/hf/README.md says which).
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
+LLAMA = json.loads((HF / "llama3-8b.json").read_text())
+QWEN3_MOE = json.loads((HF / "qwen3-30b-a3b.json").read_text())
+GPT2 = json.loads((HF / "gpt2.json").read_text())
+
 NEOX = {
     "model_type": "gpt_neox",
     "hidden_size": 512,
@@ -45,24 +28,6 @@ NEOX = {
     "vocab_size": 50304,
     "max_position_embeddings": 2048,
     "hidden_act": "gelu",
-    "tie_word_embeddings": False,
-}
-QWEN3_MOE = {
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "hidden_act": "silu",
     "tie_word_embeddings": False,
 }
 WHERE = "cfg/config.json"

@@ -19,23 +19,12 @@ from simulator.errors import SpecError
 from simulator.specs.hf import load_hf_config, model_from_hf_config
 from simulator.specs.library import load_model
 
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 8192,
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "attention_bias": False,
-    "torch_dtype": "bfloat16",
-}
+# Configs of released checkpoints shared with other test modules (tests/data/hf/README.md says which).
+HF = Path(__file__).resolve().parents[1] / "data" / "hf"
+LLAMA3_8B = json.loads((HF / "llama3-8b.json").read_text())
+QWEN3_30B_A3B = json.loads((HF / "qwen3-30b-a3b.json").read_text())
+GPT2 = json.loads((HF / "gpt2.json").read_text())
+
 MISTRAL_7B = {
     "model_type": "mistral",
     "hidden_size": 4096,
@@ -90,25 +79,6 @@ QWEN3_8B = {
     "hidden_act": "silu",
     "tie_word_embeddings": False,
 }
-QWEN3_30B_A3B = {
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "norm_topk_prob": True,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-}
 QWEN2_57B_A14B = {
     "model_type": "qwen2_moe",
     "hidden_size": 3584,
@@ -125,17 +95,6 @@ QWEN2_57B_A14B = {
     "max_position_embeddings": 32768,
     "hidden_act": "silu",
     "tie_word_embeddings": False,
-}
-GPT2 = {
-    "model_type": "gpt2",
-    "n_embd": 768,
-    "n_layer": 12,
-    "n_head": 12,
-    "n_inner": None,
-    "n_positions": 1024,
-    "n_ctx": 1024,
-    "vocab_size": 50257,
-    "activation_function": "gelu_new",
 }
 NEOX_20B = {
     "model_type": "gpt_neox",

@@ -754,10 +754,13 @@ def _pipeline_input(
 
 def _hops_on_network(pp: Group) -> tuple[bool, ...]:
     """Whether the hop from stage s to stage (s+1) mod p leaves the NVLink domain (ranks ordered as Megatron's:
-    consecutive stages are ``stride`` ranks apart, ``per_domain`` of them share a domain)."""
+    consecutive stages are ``stride`` ranks apart, ``per_domain`` of them share a domain). The wrap from the last
+    stage back to stage 0 (interleaved schedules) leaves it whenever the pipeline spans several domains, also
+    where p is not a multiple of ``per_domain`` (p 6 with 4 stages a node: stages 4 and 5 sit on the second)."""
     if pp.size <= 1:
         return ()
-    return tuple(pp.domains > 1 and (s + 1) % pp.per_domain == 0 for s in range(pp.size))
+    last = pp.size - 1
+    return tuple(pp.domains > 1 and (s == last or (s + 1) % pp.per_domain == 0) for s in range(pp.size))
 
 
 def _hop_send_times(comm: CommModel, pp: Group, size: float, hops: tuple[bool, ...]) -> tuple[float, ...]:

@@ -130,6 +130,18 @@ def test_pipeline_hops_inside_a_node_use_nvlink_when_others_cross_the_network() 
     assert wide.send_bwd_s == wide.send_fwd_s
 
 
+def test_the_interleaved_wrap_hop_leaves_the_node_when_pp_is_not_a_multiple_of_the_stages_per_node() -> None:
+    """tp 2 · pp 6 on 8-GPU nodes: stages 0-3 on the first node, 4 and 5 on the second. Hop 3 -> 4 and the wrap
+    5 -> 0 (interleaving's last chunk to the next chunk on stage 0) leave the node; the wrap used to be
+    classified by (s + 1) mod 4 and went over NVLink."""
+    from simulator.run import _hops_on_network
+
+    cluster = load_cluster("dgx-h100")
+    assert _hops_on_network(place("pp", 6, 2, cluster)) == (False, False, False, True, False, True)
+    assert _hops_on_network(place("pp", 8, 2, cluster)) == (False, False, False, True) * 2
+    assert _hops_on_network(place("pp", 4, 2, cluster)) == (False,) * 4
+
+
 @pytest.mark.parametrize(("ranks", "links"), [(2, 1), (4, 3), (8, 7)])
 def test_a_direct_mesh_gives_a_group_only_its_peer_links(ranks: int, links: int) -> None:
     """MI300X's Infinity Fabric is a full mesh of 7 links of 64 GB/s per GPU: a pair shares one link, 8 GPUs use

@@ -52,7 +52,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         "default tp, or 1 where ep does not divide dp·cp",
     )
     g.add_argument("--vp", type=int, help="virtual pipeline chunks per stage (interleaved 1F1B); free if omitted")
-    g.add_argument("--schedule", help="gpipe, 1f1b, interleaved or zb_h1")
+    g.add_argument("--schedule", help="gpipe, 1f1b, interleaved or zb_h1 (default: 1f1b, interleaved when vp > 1)")
     g.add_argument("--micro-batch", type=int, help="sequences per micro-batch; free if omitted")
     g.add_argument("--global-batch", type=int, help="sequences per optimizer step")
     g.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
@@ -62,9 +62,17 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         type=int,
         help="with --recompute full: recompute only the first N layers of each model chunk (Megatron's block method)",
     )
-    g.add_argument("--zero", type=int, dest="zero_stage", help="ZeRO stage 0-3 (3 = FSDP)")
-    g.add_argument("--precision", help="fp16, bf16 or fp8")
-    g.add_argument("--grad-dtype", help="gradient accumulate/reduce dtype fp32, bf16 or fp16 (default: Megatron's)")
+    g.add_argument(
+        "--zero",
+        type=int,
+        dest="zero_stage",
+        help="ZeRO stage 0-3: 1 Megatron's distributed optimizer, 2 plus gradients, 3 FSDP (default 0)",
+    )
+    g.add_argument("--precision", help="fp16, bf16 or fp8 (FP8 GEMMs, BF16 elsewhere; default bf16)")
+    g.add_argument(
+        "--grad-dtype",
+        help="gradient accumulate/reduce dtype fp32, bf16 or fp16 (default, as Megatron-LM: fp32; fp16 in fp16 runs)",
+    )
     g.add_argument(
         "--attention",
         help="flash (the device's fastest fused kernel, default), flash2 (FlashAttention-2), cudnn (cuDNN fused "
@@ -74,15 +82,30 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         "--cp-comm",
         help="how context parallelism moves keys and values: p2p (ring, default), all_gather or a2a (Ulysses)",
     )
-    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--grad-overlap", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--tp-overlap", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Megatron sequence parallelism on the TP group (default: on when tp > 1)",
+    )
+    g.add_argument(
+        "--grad-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap the data-parallel gradient reduction with the backward pass; free if omitted",
+    )
+    g.add_argument(
+        "--tp-overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap TP collectives with the GEMMs beside them (Transformer Engine userbuffers; default off)",
+    )
     g.add_argument(
         "--grad-accum-fusion",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="weight-gradient GEMMs accumulate into the gradient buffer (Megatron's default since 2022); "
-        "--no-grad-accum-fusion adds one gradient add per micro-batch, as 2021 Megatron-LM and DeepSpeed did",
+        "--no-grad-accum-fusion adds one gradient add per layer and micro-batch, as 2021 Megatron-LM and DeepSpeed did",
     )
     g.add_argument(
         "--align-grad-reduce",
@@ -556,29 +579,33 @@ def _build_parser() -> _Parser:
     sim.set_defaults(func=_cmd_simulate)
 
     models = sub.add_parser("models", help="list or show built-in models")
-    models.add_argument("action", choices=("list", "show"))
-    models.add_argument("name", nargs="?")
+    models.add_argument("action", choices=("list", "show"), help="list the built-in models, or show one")
+    models.add_argument("name", nargs="?", help="with show: a built-in model name, model YAML or HF config.json")
     models.set_defaults(func=_cmd_models)
 
     hw = sub.add_parser("hardware", help="list or show built-in devices and clusters")
-    hw.add_argument("action", choices=("list", "show"))
-    hw.add_argument("name", nargs="?")
+    hw.add_argument("action", choices=("list", "show"), help="list the built-in devices and clusters, or show one")
+    hw.add_argument("name", nargs="?", help="with show: a device or cluster name, or a YAML file")
     hw.set_defaults(func=_cmd_hardware)
 
     graph = sub.add_parser("graph", help="print the operator graph of a model")
-    graph.add_argument("--model", required=True)
-    graph.add_argument("--seq-len", type=int)
-    graph.add_argument("--micro-batch", type=int, default=1)
-    graph.add_argument("--attention", choices=ATTENTION, default="flash")
-    graph.add_argument("--format", choices=("table", "json", "dot"), default="table")
+    graph.add_argument("--model", required=True, help="built-in model name, model YAML or HF config.json")
+    graph.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
+    graph.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    graph.add_argument("--attention", choices=ATTENTION, default="flash", help="attention kernel (default flash)")
+    graph.add_argument(
+        "--format", choices=("table", "json", "dot"), default="table", help="table, json, or dot (Graphviz)"
+    )
     graph.set_defaults(func=_cmd_graph)
 
     check = sub.add_parser("check", help="validate model, hardware, calibration or plan files")
-    check.add_argument("files", nargs="+", type=Path)
+    check.add_argument(
+        "files", nargs="+", type=Path, help="model, device, cluster, calibration or plan YAML files (or HF config.json)"
+    )
     check.set_defaults(func=_cmd_check)
 
     val = sub.add_parser("validate", help="predict measured runs from a CSV and report the error")
-    val.add_argument("file", type=Path)
+    val.add_argument("file", type=Path, help="CSV with the columns of data/validation/README.md")
     val.add_argument("--format", choices=("table", "json", "csv"), default="table")
     val.add_argument("--out", type=Path, help="also write per-row results as CSV")
     val.add_argument(

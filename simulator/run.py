@@ -57,6 +57,9 @@ BUCKET_PARAMS_PER_DP = 1_000_000
 # (at the 40M-parameter minimum bucket) reaches it; the largest of the validation files has 254. Beyond it the
 # buckets grow instead, so a mistyped size (vocab 1e30) still gives an answer instead of a list of 10^25 buckets.
 GRAD_BUCKETS_MAX = 100_000
+# A search bound, not physics: a free micro-batch is chosen among the divisors of the per-replica batch up to this
+# many sequences. Megatron-LM's and NeMo's published recipes use 1-16 (SC21's run_table_1.sh: 16 down to 1); beyond
+# it activations grow while GEMM efficiency has long since plateaued. A user who wants more states it.
 MICRO_BATCH_CANDIDATES_MAX = 16
 # From this many partial-recomputation settings on, the search bisects over them instead of trying each in
 # turn (_first_fitting_recompute); below it, a linear scan costs no more. Same answer either way.
@@ -174,6 +177,8 @@ def _models(cluster: ClusterSpec, precision: str, straggler: float) -> tuple[Com
     return compute, comm
 
 
+# Host cost per operator where the calibration table measured none: none is charged (results then say
+# "host exposed: not modelled" and report launch_overhead_us as None) rather than a number no measurement gave.
 LAUNCH_OVERHEAD_S = 0.0
 
 

@@ -1,7 +1,7 @@
 """Regenerate ``analysis/ACCURACY.md``: the simulator's error against real, measured training steps.
 
 Runs ``clustersim validate`` (the public :func:`simulator.validate.validate_file`) on every validation file
-given (default: the two shipped in ``data/validation/``), and writes
+given (default: the three shipped in ``data/validation/``), and writes
 
 * ``analysis/ACCURACY.md``: the summary per file (median, mean, p90, max |error|, infeasible rows, mean
   within-group Spearman), the breakdown by cluster and by source, the per-row table, and the notes of

@@ -73,7 +73,11 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
         rows = profiled + published
         files = sorted({r.source for r in rows})
         provenance = (
-            ("data", "data/calibration/ (copied from the public repositories below, MIT licence, LICENSE files kept)"),
+            (
+                "data",
+                "data/calibration/: vidur/ and vtrain/ copied from the public repositories below (MIT licence, LICENSE"
+                " files kept); published/ holds kernel throughputs transcribed from papers and pull requests",
+            ),
             ("vidur", "microsoft/vidur data/profiling/ (fp16 kernels and NCCL, times in ms)"),
             (
                 "vtrain",

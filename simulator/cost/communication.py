@@ -200,7 +200,10 @@ class CommModel:
 def _steps(collective: str, n: int) -> int:
     """Latency-bound steps of ``collective`` over ``n`` ranks: one for a point-to-point transfer, n − 1 for a ring
     (all-gather, reduce-scatter, all-to-all), and for all-reduce the fewer of a ring's 2(n − 1) and a double binary
-    tree's 4·log2(n)."""
+    tree's 4·log2(n). NCCL's tuning model charges a tree all-reduce 2·log2 of its nodes in network steps
+    (src/graph/tuning.cc), so across nodes this counts up to twice its latency, microseconds per collective; inside a
+    domain the 4 puts the bound of default curves at 12 steps for 8 GPUs, 36 us at 3 us a step, where Vidur measured
+    20-38 us for a small 8-GPU all-reduce on DGX H100 (data/calibration/vidur/network/h100_dgx/all_reduce.csv)."""
     if collective == "send_recv":
         return 1
     if collective == "all_reduce":

@@ -63,6 +63,10 @@ ATTENTION_BWD_RATIO = 63.0 / 73.0
 # the same ideal time (ComputeModel._fp8_efficiency).
 FP8_OVER_16BIT_EFFICIENCY = 31.968 / 16.785 / 2.0
 
+# A numerical guard, not physics: no efficiency read off a curve is taken below this, so that a curve that reaches
+# zero (a user's table, an extrapolation) cannot turn into a division by zero or an infinite time.
+MIN_EFFICIENCY = 1e-4
+
 
 @dataclass
 class ComputeModel:
@@ -259,7 +263,7 @@ class ComputeModel:
         p16 = self.device.peak("bf16")
         # Large GEMMs: the measured ratio. Small ones are latency-bound, and an FP8 GEMM is no faster than a 16-bit
         # GEMM of the same ideal time (half the FLOPs at half the peak).
-        return max(min(own.at(flops, p16) * FP8_OVER_16BIT_EFFICIENCY, own.at(flops / 2.0, p16)), 1e-4)
+        return max(min(own.at(flops, p16) * FP8_OVER_16BIT_EFFICIENCY, own.at(flops / 2.0, p16)), MIN_EFFICIENCY)
 
     def _memory_roof(self, size: float, precision: str, compute_s: float) -> float:
         """Seconds to move ``size`` bytes at the bandwidth a streaming kernel sustains (module docstring).
@@ -307,7 +311,7 @@ class ComputeModel:
             return FALLBACK_EFFICIENCY[kind]
         if not calibrated:
             self.uncalibrated.add(label)
-        return max(curve.at(size, peak), 1e-4)
+        return max(curve.at(size, peak), MIN_EFFICIENCY)
 
 
 def _sustained(curve: EfficiencyCurve, size: float, bandwidth: float) -> float:
@@ -319,4 +323,4 @@ def _sustained(curve: EfficiencyCurve, size: float, bandwidth: float) -> float:
     """
     best = max(range(len(curve.efficiency)), key=curve.efficiency.__getitem__)
     at_best = 10.0 ** curve.log10_size[best] * (bandwidth if curve.axis == "ideal_seconds" else 1.0)
-    return min(max(curve.at(max(size, at_best), bandwidth), 1e-4), 1.0)
+    return min(max(curve.at(max(size, at_best), bandwidth), MIN_EFFICIENCY), 1.0)

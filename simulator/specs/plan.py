@@ -1,7 +1,8 @@
 """The execution plan: how one training step is laid out on the GPUs.
 
 Degrees follow Megatron-LM: ``num_gpus = tp · pp · dp · cp``; expert parallelism ``ep`` is carved out of
-``dp · cp`` (it must divide it). ``vp`` is the number of model chunks per pipeline rank (interleaved 1F1B
+``dp · cp`` (it must divide it), or of ``tp · dp · cp`` with ``expert_tp`` 1 (MoE parallel folding, chosen where
+ep does not divide dp · cp). ``vp`` is the number of model chunks per pipeline rank (interleaved 1F1B
 when > 1). A knob set to ``None`` is *free*: :func:`simulator.run.simulate` chooses it (the fastest value
 that fits in memory) and reports the choice. Free-able knobs are listed in :data:`FREE_KNOBS`. Other
 knobs have defaults an experienced Megatron-LM user expects: the structural degrees (tp, pp, cp, ep) are 1

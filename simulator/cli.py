@@ -82,52 +82,30 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         "--cp-comm",
         help="how context parallelism moves keys and values: p2p (ring, default), all_gather or a2a (Ulysses)",
     )
-    g.add_argument(
-        "--sequence-parallel",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Megatron sequence parallelism on the TP group (default: on when tp > 1)",
-    )
-    g.add_argument(
-        "--grad-overlap",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap the data-parallel gradient reduction with the backward pass; free if omitted",
-    )
-    g.add_argument(
-        "--tp-overlap",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap TP collectives with the GEMMs beside them (Transformer Engine userbuffers; default off)",
-    )
-    g.add_argument(
-        "--grad-accum-fusion",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="weight-gradient GEMMs accumulate into the gradient buffer (Megatron's default since 2022); "
-        "--no-grad-accum-fusion adds one gradient add per layer and micro-batch, as 2021 Megatron-LM and DeepSpeed did",
-    )
-    g.add_argument(
-        "--align-grad-reduce",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="with overlapped reduction and pp > 1, stages launch it as Megatron-Core does (its default): only the "
-        "first stage during its last backward; --no-align-grad-reduce: every stage bucket by bucket (PyTorch DDP)",
-    )
-    g.add_argument(
-        "--grad-accum-upcast-copy",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="with --no-grad-accum-fusion: the gradient add first casts the 16-bit gradient to a copy in the "
-        "buffer's dtype, a kernel of its own (DeepSpeed's BF16 optimizer)",
-    )
-    g.add_argument(
-        "--fp8-param",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="in FP8 training keep the FP8 GEMMs' weights in FP8 only (Megatron-Core --fp8-param-gather): no "
-        "16-bit copy beside Transformer Engine's cached FP8 one, and 1-byte parameter all-gathers",
-    )
+    # On/off knobs: omitted leaves the plan's default (or, for grad_overlap, the free choice).
+    flags = {
+        "--sequence-parallel": "Megatron sequence parallelism on the TP group (default: on when tp > 1)",
+        "--grad-overlap": "overlap the data-parallel gradient reduction with the backward pass; free if omitted",
+        "--tp-overlap": "overlap TP collectives with their GEMMs (Transformer Engine userbuffers; default off)",
+        "--grad-accum-fusion": (
+            "weight-gradient GEMMs accumulate into the gradient buffer (Megatron's default since 2022); "
+            "--no-grad-accum-fusion adds a gradient add per layer and micro-batch (2021 Megatron-LM, DeepSpeed)"
+        ),
+        "--align-grad-reduce": (
+            "with overlapped reduction and pp > 1, stages launch it as Megatron-Core does (its default): only the "
+            "first stage during its last backward; --no-align-grad-reduce: every stage bucket by bucket (PyTorch DDP)"
+        ),
+        "--grad-accum-upcast-copy": (
+            "with --no-grad-accum-fusion: the gradient add first casts the 16-bit gradient to a copy in the "
+            "buffer's dtype, a kernel of its own (DeepSpeed's BF16 optimizer)"
+        ),
+        "--fp8-param": (
+            "in FP8 training keep the FP8 GEMMs' weights in FP8 only (Megatron-Core --fp8-param-gather): no "
+            "16-bit copy beside Transformer Engine's cached FP8 one, and 1-byte parameter all-gathers"
+        ),
+    }
+    for flag, text in flags.items():
+        g.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
     g.add_argument(
         "--vocab-divisible-by",
         type=int,

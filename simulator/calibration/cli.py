@@ -155,7 +155,7 @@ def _cmd_import_vidur(args: argparse.Namespace) -> int:
     notes: list[str] = []
     for path in args.paths:
         if path.is_dir():
-            rows += import_vidur_tree(path, notes=notes)
+            rows += import_vidur_tree(path, args.device, notes=notes)
             continue
         input_file(path, "a Vidur mlp.csv, network CSV or profiling folder")
         if path.name == "mlp.csv":
@@ -221,7 +221,14 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         raise CalibrationError(f"--out {args.out}: must be a .yaml file, e.g. hardware_profiles/calibration/NAME.yaml")
     device = load_device(args.device) if args.device else None
     name = args.name or args.out.stem
-    result = fit_files(args.paths, name=name, device=device, holdout_every=args.holdout, ranks=args.ranks)
+    result = fit_files(
+        args.paths,
+        name=name,
+        device=device,
+        holdout_every=args.holdout,
+        ranks=args.ranks,
+        only_device=tuple(args.only_device),
+    )
     write_table(result.table, args.out, "fitted by clustersim calibrate fit")
     if args.device_out is not None:
         write_yaml(device_mapping(result.device), args.device_out, "measured by clustersim calibrate fit")
@@ -455,7 +462,9 @@ def add_calibrate_parser(sub: Any) -> None:
 
     iv = cal_sub.add_parser("import-vidur", help="Vidur profiles (mlp.csv, network CSVs or a profiling folder)")
     iv.add_argument("paths", nargs="+", type=Path)
-    iv.add_argument("--device", help="device name for the rows (default: from the folder, a100/h100)")
+    iv.add_argument(
+        "--device", help="device name for the rows (default: from the folder, a100/h100; a folder of one GPU only)"
+    )
     iv.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
     iv.set_defaults(func=_cmd_import_vidur)
 
@@ -478,6 +487,14 @@ def add_calibrate_parser(sub: Any) -> None:
     fit.add_argument("--out", type=Path, required=True, help="table YAML to write (hardware_profiles/...)")
     fit.add_argument("--device", help="device profile the efficiencies are relative to (default: from the probes)")
     fit.add_argument("--device-out", type=Path, help="also write the derived device profile here")
+    fit.add_argument(
+        "--only-device",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="fit only the rows measured on this device (their `device` column, e.g. H100-SXM5-80GB; repeat it "
+        "where one GPU goes by two names); rows of several devices are refused without it",
+    )
     fit.add_argument("--name", help="table name (default: the file name)")
     fit.add_argument("--ranks", type=_whole(1), default=1, help="ranks sharing the host's memory (derived device only)")
     fit.add_argument("--holdout", type=_whole(0), default=5, help="leave every Nth shape out for the residual report")

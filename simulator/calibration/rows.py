@@ -230,12 +230,19 @@ def _parse(path: Path, line: int, column: str, text: str) -> object:
     return text
 
 
+# What `calibrate profile` writes beside its measurements: the shapes that failed and why (profile.FAILURES). It is
+# not a measurement file, so reading a profile folder skips it; named here to keep this module free of profile's
+# torch-side imports.
+NOT_MEASUREMENTS = frozenset({"failures.csv"})
+
+
 def read_rows(paths: Sequence[Path]) -> list[Measurement]:
-    """Read measurement CSVs (or every ``*.csv`` inside a directory), in a stable order."""
+    """Read measurement CSVs (or every ``*.csv`` inside a directory but a profile's ``failures.csv``), in a stable
+    order."""
     files: list[Path] = []
     for p in paths:
         if p.is_dir():
-            files += sorted(p.rglob("*.csv"))
+            files += sorted(f for f in p.rglob("*.csv") if f.name not in NOT_MEASUREMENTS)
         elif p.is_file():
             files.append(p)
         else:

@@ -59,17 +59,20 @@ def fit_files(
     device: DeviceSpec | None = None,
     holdout_every: int = 5,
     ranks: int = 1,
+    only_device: Sequence[str] = (),
 ) -> FitResult:
-    """Fit a table from measurement files or folders (module docstring).
+    """Fit a table from measurement files or folders (module docstring); with ``only_device``, from the rows
+    measured on those devices only (one GPU may go by two names: Vidur's rows say H100-SXM5-80GB, a profile
+    the name CUDA reports).
 
     Raises
     ------
     CalibrationError
-        No rows, or no device to divide by.
+        No rows, rows of several devices, or no device to divide by.
     """
     from simulator.calibration.profile import missing_shapes
 
-    rows = read_rows(paths)
+    rows = _one_device(read_rows(paths), only_device)
     missing = tuple((str(p), key, why) for p in paths if p.is_dir() for key, why in missing_shapes(p))
     derived = device is None
     if device is None:
@@ -79,6 +82,34 @@ def fit_files(
     table = fit_table(rows, device, name=name, source=_source(rows), provenance=_provenance(rows), **options)
     residuals = holdout_errors(rows, device, holdout_every=holdout_every, **options) if holdout_every > 1 else {}
     return FitResult(table, device, derived, tuple(rows), residuals, missing)
+
+
+def _one_device(rows: list[Measurement], only_device: Sequence[str]) -> list[Measurement]:
+    """The rows of one device. A table's efficiencies are one device's: rows measured on several (a Vidur folder
+    holds A100 and H100 profiles) would average their speeds into a curve neither device has, so that is an
+    error unless ``only_device`` picks the names it goes by. Rows that name no device count as the device's own."""
+    if only_device:
+        kept = [r for r in rows if r.device in only_device]
+        have = sorted({r.device or "(none)" for r in rows})
+        unknown = [d for d in only_device if d not in have]
+        if unknown or not kept:
+            raise CalibrationError(
+                f"--only-device {', '.join(unknown or only_device)}: no row was measured on it (the rows name "
+                f"{', '.join(have)}); give one of those"
+            )
+        return kept
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.device:
+            counts[r.device] = counts.get(r.device, 0) + 1
+    if len(counts) > 1:
+        listed = ", ".join(f"{d} ({n} rows)" for d, n in sorted(counts.items()))
+        raise CalibrationError(
+            f"the rows were measured on several devices: {listed}; a table describes one device, so fit each "
+            "separately: add --only-device with one of those names (repeat it where one GPU goes by two names), "
+            "or give only that device's files"
+        )
+    return rows
 
 
 def _check_peaks(rows: Sequence[Measurement], device: DeviceSpec, derived: bool) -> None:
@@ -142,7 +173,7 @@ def summarize_errors(residuals: dict[str, list[float]]) -> dict[str, dict[str, f
     kernels: list[float] = []
     for key, signed in residuals.items():
         errs = sorted(abs(e) for e in signed)
-        if ":" not in key or key.split(":")[0] == "gemm" or key.startswith("attention"):
+        if ":" not in key or key.split(":")[0].startswith("gemm") or key.startswith("attention"):
             kernels += errs
         out[key] = _stats(errs)
     if kernels:

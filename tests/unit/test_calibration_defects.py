@@ -353,3 +353,72 @@ def test_write_rows_round_trip_still_holds(tmp_path: Path) -> None:
     ]
     assert write_rows(rows, tmp_path / "r.csv") == len(COLLECTIVES)
     assert read_rows([tmp_path / "r.csv"]) == rows
+
+
+# -- one device per table; a profile's failures.csv is not a measurement file --------------------------------
+
+
+def _gemm_rows(device: str) -> list[dict[str, str]]:
+    return [
+        {
+            "kind": "gemm",
+            "op": "gemm",
+            "m": str(n),
+            "n": str(n),
+            "k": str(n),
+            "flops": str(2 * n**3),
+            "precision": "bf16",
+            "time_s": str(2 * n**3 / 5e14),
+            "device": device,
+        }
+        for n in (1024, 2048, 4096, 8192)
+    ]
+
+
+def test_fit_refuses_rows_of_several_devices_and_only_device_picks_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Vidur folder holds A100 and H100 profiles; fitting both into one table averaged their speeds (the README's
+    workflow made an 'H100' table three times too slow). Mixing is refused; --only-device keeps one device."""
+    rows = measurement_csv(tmp_path / "rows.csv", _gemm_rows("A100-SXM4-80GB") + _gemm_rows("H100-SXM5-80GB"))
+    table = tmp_path / "t.yaml"
+    base = ["calibrate", "fit", str(rows), "--device", "H100-SXM5-80GB", "--holdout", "0", "--out", str(table)]
+    code, _, err = run(base, capsys)
+    assert code == 2
+    assert "A100-SXM4-80GB (4 rows), H100-SXM5-80GB (4 rows)" in err
+    assert "--only-device" in err
+    assert not table.exists()
+    code, _, err = run([*base, "--only-device", "H100-SXM5-80GB"], capsys)
+    assert code == 0, err
+    assert "H100-SXM5-80GB" in table.read_text()
+    assert "A100-SXM4-80GB" not in table.read_text()
+    code, _, err = run([*base, "--only-device", "B200"], capsys)
+    assert code == 2
+    assert "--only-device B200: no row was measured on it" in err
+
+
+def test_import_vidur_device_applies_to_a_folder_of_one_gpu_and_is_refused_for_several(tmp_path: Path) -> None:
+    from simulator.calibration.importers.vidur import import_vidur_tree
+
+    root = Path(__file__).parents[2] / "data" / "calibration" / "vidur"
+    with pytest.raises(CalibrationError, match="holds the profiles of a100, a100_dgx, h100, h100_dgx"):
+        import_vidur_tree(root, "MY-GPU")
+    one = tmp_path / "profiling"
+    (one / "network" / "h100_dgx").mkdir(parents=True)
+    src = root / "network" / "h100_dgx" / "send_recv.csv"
+    (one / "network" / "h100_dgx" / "send_recv.csv").write_text(src.read_text())
+    assert {r.device for r in import_vidur_tree(one, "MY-GPU")} == {"MY-GPU"}
+
+
+def test_a_profile_folders_failures_csv_is_not_read_as_measurements(tmp_path: Path) -> None:
+    """`calibrate profile` writes failures.csv (shape, reason) beside its rows; fitting the folder after a shape
+    ran out of memory used to fail on its missing columns."""
+    from simulator.calibration.profile import FAILURES
+    from simulator.calibration.rows import NOT_MEASUREMENTS
+
+    assert FAILURES in NOT_MEASUREMENTS
+    measurement_csv(tmp_path / "kernels.csv", _gemm_rows("H100-SXM5-80GB"))
+    (tmp_path / FAILURES).write_text("shape,reason\ngemm:8192x8192x8192:bf16,CUDA out of memory\n")
+    assert len(read_rows([tmp_path])) == 4
+    with pytest.raises(CalibrationError, match="missing column"):
+        read_rows([tmp_path / FAILURES])  # named explicitly, it is still not a measurement file

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibration.fit import fit_table
+from simulator.calibration.fit import compute_class, fit_table
 from simulator.calibration.importers.nccl_tests import import_nccl_tests, import_vtrain_table
 from simulator.calibration.importers.torch_profiler import import_torch_trace
 from simulator.calibration.importers.vidur import import_vidur_compute, import_vidur_network
@@ -195,3 +195,46 @@ def test_torch_profiler_real_kineto_trace(tmp_path: Path) -> None:
     gemm = next(r for r in rows if r.kind == "gemm")
     assert (gemm.m, gemm.k, gemm.n) == (64, 128, 256)
     assert any(r.kind == "memory" and "gelu" in r.op for r in rows)
+
+
+def test_torch_profiler_sizes_collectives_as_whole_buffers_in_their_recorded_dtype(tmp_path: Path) -> None:
+    """nccl-tests and the tables size an all-gather by its gathered output and a reduce-scatter by its full input;
+    record_param_comms writes the dtype as c10::toString does ("Float" for fp32)."""
+
+    def comm(ext: int, kernel: str, ins: int, outs: int, dtype: str) -> list[dict[str, object]]:
+        args = {"In msg nelems": ins, "Out msg nelems": outs, "dtype": dtype, "Group size": 8, "External id": ext}
+        return [
+            {"cat": "cpu_op", "name": "record_param_comms", "ts": 10 * ext, "dur": 1, "args": args},
+            {"cat": "kernel", "name": kernel, "ts": 10 * ext + 1, "dur": 50 + ext, "args": {"External id": ext}},
+        ]
+
+    events = [
+        *comm(1, "ncclDevKernel_AllGather_RING_LL", 2**20, 8 * 2**20, "BFloat16"),
+        *comm(2, "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 8 * 2**20, 2**20, "Float"),
+        *comm(3, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 2**20, 2**20, "Float"),
+        *comm(4, "ncclDevKernel_AllReduce_Sum_c64_RING_LL", 2**20, 2**20, "ComplexFloat"),
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    notes: list[str] = []
+    rows = {r.op: r.bytes for r in import_torch_trace(path, device="NVIDIA H100", notes=notes)}
+    assert rows == {"all_gather": 16 * 2**20, "reduce_scatter": 32 * 2**20, "all_reduce": 4 * 2**20}
+    assert any("1 NCCL kernel(s) without a message size" in n and "known dtype" in n for n in notes)
+
+
+@pytest.mark.torch
+def test_torch_profiler_reads_the_causal_mask_of_attention_from_a_real_kineto_trace(tmp_path: Path) -> None:
+    """SDPA with is_causal=True: the rows fit the causal curves, with the mask's halved FLOPs, forward and
+    backward (the CPU backend; on a GPU the flash backend's rows are named flash2_ and fit FlashAttention-2's)."""
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(2, 4, 64, 32, requires_grad=True) for _ in range(3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    rows = {r.op: r for r in import_torch_trace(path, device="cpu") if r.kind == "attention"}
+    assert set(rows) == {"sdpa_causal_fwd", "sdpa_causal_bwd"}
+    full = 4.0 * 2 * 4 * 64 * 64 * 32
+    assert rows["sdpa_causal_fwd"].flops == pytest.approx(full / 2)
+    assert rows["sdpa_causal_bwd"].flops == pytest.approx(2.5 * full / 2)
+    assert {compute_class(r) for r in rows.values()} == {"attention_causal", "attention_causal_bwd"}

@@ -9,8 +9,10 @@ contains the launch (the rule Vidur's tracer uses). Durations (``dur``) are micr
 Format). On a CPU-only trace there are no kernels, and leaf operators' own durations are used.
 
 Recognised operators: ``aten::mm``/``addmm``/``bmm``/``linear``/``matmul`` (GEMM), scaled-dot-product
-attention forward and backward (attention), norms, activations, element-wise arithmetic, softmax and
-dropout (memory-bound), and NCCL kernels (collectives, sized by ``record_param_comms``).
+attention forward and backward of the flash (FlashAttention-2), cuDNN and CPU backends (attention, named for
+their curve: ``flash2_sdpa_causal_fwd``, ``cudnn_sdpa_bwd``...; causal from the recorded ``is_causal``),
+norms, activations, element-wise arithmetic, softmax and dropout (memory-bound), and NCCL kernels (collectives,
+sized by ``record_param_comms``: the whole buffer, as nccl-tests counts it).
 """
 
 from __future__ import annotations
@@ -40,11 +42,33 @@ _DTYPE_BYTES = {
 }
 _PRECISION = {"float": "fp32", "c10::Half": "fp16", "c10::BFloat16": "bf16", "c10::Float8_e4m3fn": "fp8"}
 _GEMM = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul"}
-_ATTN_FWD = {
-    "aten::_scaled_dot_product_flash_attention",
-    "aten::_scaled_dot_product_efficient_attention",
-    "aten::_scaled_dot_product_cudnn_attention",
-    "aten::_scaled_dot_product_flash_attention_for_cpu",
+# SDPA's backend operators: the row name prefix that routes them to their kernel's curve (ATTENTION_ROW_PREFIXES:
+# PyTorch's CUDA flash backend is FlashAttention-2, its cuDNN backend cuDNN's fused attention; on a CPU the flash
+# kernel is the host's own attention) and where ``is_causal`` sits among the operator's inputs, whose values Kineto
+# records under "Concrete Inputs" (schemas of aten/src/ATen/native/native_functions.yaml). The memory-efficient
+# backend is not here: no curve of the simulator times it, so its rows would misstate another kernel's speed.
+_ATTN = {
+    "aten::_scaled_dot_product_flash_attention": ("flash2_sdpa", 4),
+    "aten::_scaled_dot_product_flash_attention_backward": ("flash2_sdpa", 11),
+    "aten::_scaled_dot_product_cudnn_attention": ("cudnn_sdpa", 6),
+    "aten::_scaled_dot_product_cudnn_attention_backward": ("cudnn_sdpa", 14),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": ("sdpa", 4),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": ("sdpa", 7),
+}
+# The dtype of a collective as record_param_comms writes it (c10::toString of the ScalarType).
+_COMM_DTYPE_BYTES = {
+    "Float": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Double": 8,
+    "Long": 8,
+    "Int": 4,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
 }
 _MEMORY = {
     "aten::layer_norm",
@@ -153,15 +177,21 @@ def _classify(op: dict[str, Any]) -> dict[str, Any] | None:
             "bytes": float(elem * batch * (m * k + k * n + m * n)),
             "precision": precision,
         }
-    if name in _ATTN_FWD or (name.endswith("_backward") and name.removesuffix("_backward") in _ATTN_FWD):
-        q, kv = [*dims, None, None][:2]
+    if name in _ATTN:
+        backward = name.endswith("_backward")
+        q, kv = [*dims, None, None, None][1:3] if backward else [*dims, None, None][:2]  # backward: grad_out first
         if q is None or kv is None or len(q) != 4 or len(kv) < 3:
             return None
         nb, nh, sq, hd = q
         skv = kv[2]
-        flops = 4.0 * nb * nh * sq * skv * hd * (2.5 if name.endswith("_backward") else 1.0)
+        prefix, at = _ATTN[name]
+        concrete = args.get("Concrete Inputs")
+        causal = isinstance(concrete, list) and len(concrete) > at and str(concrete[at]).lower() == "true"
+        # The papers' and the graph's convention: a causal mask halves the FLOPs the kernel executes.
+        flops = 4.0 * nb * nh * sq * skv * hd * (2.5 if backward else 1.0) * (0.5 if causal else 1.0)
         return {
             "kind": "attention",
+            "op": f"{prefix}{'_causal' if causal else ''}_{'bwd' if backward else 'fwd'}",
             "m": sq,
             "n": skv,
             "k": hd,
@@ -256,7 +286,8 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
             zero_time += 1
             continue
         c = shapes[id(op)]
-        key = (op["name"], c["kind"], c.get("m", 0), c.get("n", 0), c.get("k", 0), c.get("batch", 1), c["bytes"])
+        row_op = str(c.get("op", op["name"]))  # attention rows are named for their kernel's curve
+        key = (row_op, c["kind"], c.get("m", 0), c.get("n", 0), c.get("k", 0), c.get("batch", 1), c["bytes"])
         groups[key].append(t * 1e-6)
         info[key] = c
     rows: list[Measurement] = []
@@ -311,7 +342,7 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
         if unsized_comms:
             notes.append(
                 f"{path}: skipped {unsized_comms} NCCL kernel(s) without a message size (no record_param_comms "
-                "operator with In/Out msg nelems) or with a zero duration"
+                "operator with In/Out msg nelems and a known dtype) or with a zero duration"
             )
     if not rows:
         unreadable = f" ({skipped} operator/kernel events unreadable: no name, ts or dur)" if skipped else ""
@@ -339,6 +370,8 @@ def _comm_size(comms: dict[Any, dict[str, Any]], kern: dict[str, Any]) -> tuple[
     if op is None:
         return 0.0, 0
     args = op.get("args", {})
-    nelems = _count(args.get("In msg nelems") or args.get("Out msg nelems") or 0)
-    elem = _DTYPE_BYTES.get(str(args.get("dtype", "")).replace("BFloat16", "c10::BFloat16"), 2)
+    # The message size as nccl-tests and the tables count it, the whole buffer: the gathered output of an
+    # all-gather, the full input of a reduce-scatter, i.e. the larger of the two (each rank's shard is the smaller).
+    nelems = max(_count(args.get("In msg nelems") or 0), _count(args.get("Out msg nelems") or 0))
+    elem = _COMM_DTYPE_BYTES.get(str(args.get("dtype", "")).removeprefix("c10::"), 0)  # unknown dtype: unsized
     return float(nelems * elem), _count(args.get("Group size") or 0)

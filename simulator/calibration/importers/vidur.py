@@ -256,13 +256,22 @@ def import_vidur_network(path: Path, device: str | None = None, notes: list[str]
     return rows
 
 
-def import_vidur_tree(root: Path, notes: list[str] | None = None) -> list[Measurement]:
-    """Every ``compute/*/*/mlp.csv`` and ``network/*/*.csv`` under a Vidur ``profiling`` folder."""
+def import_vidur_tree(root: Path, device: str | None = None, notes: list[str] | None = None) -> list[Measurement]:
+    """Every ``compute/*/*/mlp.csv`` and ``network/*/*.csv`` under a Vidur ``profiling`` folder; ``device`` names
+    the rows' device where the folder holds one GPU's profiles (a CalibrationError where it holds several)."""
+    compute = sorted(root.glob("compute/*/*/mlp.csv"))
+    network = sorted(root.glob("network/*/*.csv"))
+    gpus = sorted({p.parent.parent.name for p in compute} | {p.parent.name for p in network})
+    if device is not None and len(gpus) > 1:
+        raise CalibrationError(
+            f"{root}: holds the profiles of {', '.join(gpus)}, so --device {device} cannot name all of them; leave "
+            "--device out (the folder names each GPU) and fit one device with calibrate fit --only-device"
+        )
     rows: list[Measurement] = []
-    for path in sorted(root.glob("compute/*/*/mlp.csv")):
-        rows += import_vidur_compute(path, notes=notes)
-    for path in sorted(root.glob("network/*/*.csv")):
-        rows += import_vidur_network(path, notes=notes)
+    for path in compute:
+        rows += import_vidur_compute(path, device, notes=notes)
+    for path in network:
+        rows += import_vidur_network(path, device, notes=notes)
     if not rows:
         raise CalibrationError(f"{root}: no Vidur profiles found (expected compute/<gpu>/<model>/mlp.csv)")
     return rows

@@ -46,13 +46,16 @@ ISSUE_TARGET = {
 # stopped overstating mid-size kernels: its monotone-time cap compounded over launch-bound stretches and made
 # GEMMs of 1e8-1e9 FLOPs and small norms 1.6-3x slower than their own measurements (held-out kernel p90 on H100
 # norm 178% -> 19%, GEMM 79% -> 31%). That slowness had stood in for the host cost these rows are bound by.
+# Then p90 61.0%, Spearman 0.568, when the fit's monotone-time rule became an isotonic least-squares fit (a
+# review found the cap it replaced held a slow bin's time over every later bin: GEMMs of 3e8-3e9 FLOPs came out
+# 24-56% slower than the rows they were fitted to, now 3-8%); small kernels got faster again, as measured.
 GUARD = {
     # p90 18.9% since pipeline stages launch their gradient reduction as Megatron-Core does (align_grad_reduce,
     # analysis/accuracy/NOTES.md); 17.2% before.
     "published_runs.csv": {"median_abs_error": 0.058, "p90_abs_error": 0.195},
-    "vtrain_single_node.csv": {"median_abs_error": 0.228, "p90_abs_error": 0.593},
+    "vtrain_single_node.csv": {"median_abs_error": 0.228, "p90_abs_error": 0.615},
 }
-GUARD_SPEARMAN = 0.6
+GUARD_SPEARMAN = 0.55
 SPEARMAN_TARGET = 0.8  # vtrain_single_node.csv, mean within-group rank correlation (issue 4)
 
 
@@ -100,7 +103,7 @@ def test_vtrain_groups_are_ranked(vtrain: ValidationReport) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="issue 4 target (Spearman >= 0.8) not met since the kernel fit reproduces its measurements "
-    "(0.870 -> 0.628): the vTrain rows are host-bound and host cost is not modelled; see analysis/ACCURACY.md",
+    "(0.870 -> 0.628 -> 0.568): the vTrain rows are host-bound and host cost is not modelled; see analysis/ACCURACY.md",
 )
 def test_vtrain_ranks_layouts(vtrain: ValidationReport) -> None:
     """What a planner needs: layouts of one job ranked like the measurements (issue 4: Spearman >= 0.8)."""

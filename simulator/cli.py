@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from simulator import __version__
 from simulator.errors import CalibrationError, InfeasiblePlanError, SimulatorError, SpecError
+from simulator.specs._fields import check_count
 from simulator.units import GIB, fmt_knob, fmt_seconds
 
 __all__ = ["main", "main_entry"]
@@ -398,6 +399,8 @@ def _cmd_graph(args: argparse.Namespace) -> int:
     seq = model.seq_len if args.seq_len is None else args.seq_len
     if seq < 1 or args.micro_batch < 1:
         raise SpecError("--seq-len/--micro-batch", f"must be >= 1, got {seq} and {args.micro_batch}", "use positive")
+    check_count("--seq-len", seq)
+    check_count("--micro-batch", args.micro_batch)
     g = build_graph(model, seq, args.micro_batch, args.attention)
     rows = g.rows()
     if args.format == "json":
@@ -507,24 +510,38 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _guess_kind(data: Any, path: Path) -> str:
     if not isinstance(data, dict):
         raise SpecError(str(path), f"must be a mapping, got {type(data).__name__}", "write 'key: value' lines")
-    keys = set(data)
-    parts = {p.lower() for p in path.parts}
-    if "calibration" in parts or keys & {"compute", "collectives"}:
-        return "calibration"
-    if "devices" in parts or any(k.startswith("peak_tflops") for k in keys):
-        return "device"
-    if "clusters" in parts or "gpus_per_node" in keys:
-        return "cluster"
-    if keys & {"layers", "hidden", "heads"}:
-        return "model"
-    if keys & {"global_batch", "tp", "pp", "dp"}:
-        return "plan"
+    keys = {k for k in data if isinstance(k, str)}  # other keys are reported as unknown by the file's reader
+    # The keys decide; the folder (hardware_profiles/devices/ ...) only where they fit several kinds or none, so
+    # that a model YAML kept in a folder named calibration/ is still checked as a model.
+    by_keys = [
+        kind
+        for kind, fits in (
+            ("calibration", bool(keys & {"compute", "collectives"})),
+            ("device", any(k.startswith("peak_tflops") for k in keys)),
+            ("cluster", "gpus_per_node" in keys),
+            ("model", bool(keys & {"layers", "hidden", "heads"})),
+            ("plan", bool(keys & {"global_batch", "tp", "pp", "dp"})),
+        )
+        if fits
+    ]
+    if len(by_keys) == 1:
+        return by_keys[0]
+    folders = {p.lower() for p in path.parts}
+    for folder, kind in (("calibration", "calibration"), ("devices", "device"), ("clusters", "cluster")):
+        if folder in folders and (not by_keys or kind in by_keys):
+            return kind
+    if by_keys:
+        return by_keys[0]
     raise SpecError(str(path), "is not a model, device, cluster, calibration or plan file", "check its keys")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_report, validate_file
 
+    if args.out is not None and args.out.exists() and args.file.exists() and args.out.samefile(args.file):
+        raise SpecError(
+            f"--out {args.out}", "is the input CSV: the results would replace the measured runs", "name another file"
+        )
     report = validate_file(args.file, strict=args.strict, stacks_file=args.stacks, use_stacks=not args.no_stacks)
     text = format_report(report, args.format)
     if args.out is not None:

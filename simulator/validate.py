@@ -40,6 +40,7 @@ which op classes ran on default (uncalibrated) curves in how many rows; each row
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -316,13 +317,18 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
     seq_len = _required_int(row, "seq_len", where)
     kv_heads = _positive_or_none(row, "kv_heads", where, "as many as heads")
     head_dim = _positive_or_none(row, "head_dim", where, "hidden / heads")
-    top_k = _int(row, "experts_topk", where, 2)
+    top_k = _int(row, "experts_topk", where)
     try:
         moe = None
+        if arch is not None and str(arch).lower() == "dense" and (experts or 0) > 1:
+            raise SpecError("arch", f"is dense, but num_experts is {experts}", "set arch to moe, or empty num_experts")
         if str(arch or "dense").lower() == "moe" or (experts or 0) > 1:
             if not experts:
                 raise SpecError("num_experts", "is required for a MoE row", "fill num_experts")
-            moe = MoESpec(num_experts=experts, top_k=2 if top_k is None else top_k, expert_ffn_hidden=ffn_hidden)
+            if top_k is None:
+                # Not guessed: top-1 and top-8 routing of one model differ nearly threefold in step time.
+                raise SpecError("experts_topk", "is required for a MoE row", "fill experts_topk (experts per token)")
+            moe = MoESpec(num_experts=experts, top_k=top_k, expert_ffn_hidden=ffn_hidden)
         return ModelSpec(
             name=str(_cell(row, "model") or "model"),
             layers=layers,
@@ -522,77 +528,88 @@ def validate_frame(
     return report
 
 
-def _separator(path: Path) -> str:
+SEPARATORS = (",", ";", "\t")
+
+
+def _separator(text: str) -> str:
     """The field separator: ``,`` as the README specifies, or ``;`` / tab where the header has no comma but
     one of those (spreadsheets export that way in many locales)."""
-    try:
-        with open(path, encoding="utf-8-sig", errors="replace") as f:
-            header = f.readline()
-    except OSError:
-        return ","  # read_csv reports it
+    header = text.split("\n", 1)[0]
     if "," in header:
         return ","
     return next((sep for sep in (";", "\t") if sep in header), ",")
 
 
-def _long_row(path: Path, sep: str) -> str:
+def _long_row(text: str, sep: str) -> str:
     """Which line has more fields than the header (for the error message)."""
-    with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-        rows = csv.reader(f, delimiter=sep)
-        width = len(next(rows, []))
-        for line, row in enumerate(rows, start=2):
-            if len(row) > width:
-                return f"line {line} has {len(row)} fields, the header {width}"
+    rows = csv.reader(io.StringIO(text, newline=""), delimiter=sep)
+    width = len(next(rows, []))
+    for row in rows:
+        if len(row) > width:
+            return f"line {rows.line_num} has {len(row)} fields, the header {width}"
     return f"a row has more fields than the header's {width}"
 
 
-def _width(line: str) -> int:
-    """How many fields ``line`` has when it is split at commas."""
-    return len(next(csv.reader([line]), []))
+def _width(line: str, sep: str) -> int:
+    """How many fields ``line`` has when it is split at ``sep``."""
+    return len(next(csv.reader([line], delimiter=sep), []))
 
 
-def _records(path: Path, sep: str) -> tuple[list[str], list[int]]:
+def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int]]:
     """The header's names and the line each non-blank record starts on (as pandas reads them: blank lines
     skipped, a quoted line break kept inside its cell). Raises SpecError for a file whose header and rows use
-    different separators."""
+    different separators (a short row that another separator would split into the header's width)."""
     try:
-        with open(path, encoding="utf-8-sig", errors="replace", newline="") as f:
-            reader = csv.reader(f, delimiter=sep)
-            header = next(reader, [])
-            starts: list[int] = []
-            begin = reader.line_num + 1
-            for record in reader:
-                if record:
-                    if sep != "," and len(record) < len(header) and _width(sep.join(record)) >= len(header):
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=sep)
+        header = next(reader, [])
+        starts: list[int] = []
+        begin = reader.line_num + 1
+        for record in reader:
+            if record:
+                if len(record) < len(header):
+                    line = sep.join(record)
+                    other = next((o for o in SEPARATORS if o != sep and _width(line, o) >= len(header)), None)
+                    if other is not None:
                         raise SpecError(
                             str(path),
-                            f"the header is separated by {sep!r} but line {begin} by ','",
+                            f"the header is separated by {sep!r} but line {begin} by {other!r}",
                             "use one separator throughout the file",
                         )
-                    starts.append(begin)
-                begin = reader.line_num + 1
-    except (OSError, csv.Error):
+                starts.append(begin)
+            begin = reader.line_num + 1
+    except csv.Error:
         return [], []  # read_csv reports what is wrong with the file
     return header, starts
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, read once (so that a pipe, /dev/stdin or <(...), can be validated too)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(str(path), "file not found", "check the path") from None
+    except IsADirectoryError:
+        raise SpecError(str(path), "is a directory, not a file", "name the CSV file") from None
+    except OSError as err:
+        reason = err.strerror or err.__class__.__name__
+        raise SpecError(str(path), f"cannot be read ({reason})", "check the path and its permissions") from None
 
 
 def validate_file(
     path: Path, *, strict: bool = False, stacks_file: Path | None = None, use_stacks: bool = True
 ) -> ValidationReport:
     """Read a validation CSV and predict every row."""
-    sep = _separator(path)
-    header, lines = _records(path, sep) if path.is_file() else ([], [])
+    data = _read_bytes(path)
+    text = data.decode("utf-8-sig", errors="replace")
+    sep = _separator(text)
+    header, lines = _records(path, text, sep)
     try:
         with warnings.catch_warnings():
             # Rows longer than the header would otherwise turn the first column(s) into the index, silently.
             warnings.simplefilter("error", pd.errors.ParserWarning)
-            frame = pd.read_csv(path, dtype=str, keep_default_na=False, sep=sep, index_col=False)
+            frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, sep=sep, index_col=False)
     except pd.errors.ParserWarning:
-        raise SpecError(str(path), _long_row(path, sep), "quote cells that contain the separator") from None
-    except FileNotFoundError:
-        raise SpecError(str(path), "file not found", "check the path") from None
-    except IsADirectoryError:
-        raise SpecError(str(path), "is a directory, not a file", "name the CSV file") from None
+        raise SpecError(str(path), _long_row(text, sep), "quote cells that contain the separator") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
         detail = " ".join(str(err).replace("Error tokenizing data. C error: ", "").split())
         raise SpecError(
@@ -600,9 +617,6 @@ def validate_file(
         ) from None
     except pd.errors.EmptyDataError:
         raise SpecError(str(path), "is empty", "give a CSV with a header row") from None
-    except OSError as err:
-        reason = err.strerror or err.__class__.__name__
-        raise SpecError(str(path), f"cannot be read ({reason})", "check the path and its permissions") from None
     if frame.empty:
         raise SpecError(str(path), "has a header but no rows", "add one measured run per line below the header")
     # Hand-edited headers ("run_id , model", "Run_ID") name the same columns. The names are the file's own where

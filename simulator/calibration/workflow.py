@@ -76,6 +76,14 @@ def fit_files(
     missing = tuple((str(p), key, why) for p in paths if p.is_dir() for key, why in missing_shapes(p))
     derived = device is None
     if device is None:
+        if not own_profile(rows) and not any(r.op.startswith("probe.") for r in rows):
+            on = sorted({r.device for r in rows if r.device})
+            said = f" (the rows say {', '.join(on)})" if on else ""
+            raise CalibrationError(
+                "without --device the device is derived from a profile of our own (its fastest GEMM and copy), and "
+                f"these rows are not one: they were imported{said}; --device must name the device the rows "
+                "were measured on, e.g. --device A100-SXM4-80GB"
+            )
         device = host_device(rows, name=name, ranks=ranks)
     _check_peaks(rows, device, derived)
     options: dict[str, Any] = {"min_bin_rows": 1, "generic_memory": "unclassified"} if own_profile(rows) else {}

@@ -28,6 +28,9 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
         line = key_node.start_mark.line + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            kind = "list" if isinstance(key_node, yaml.SequenceNode) else "mapping"
+            raise SpecError(f"line {line}", f"a key is a {kind} (a '? ' complex key)", "write keys as plain names")
         if key in seen:
             raise SpecError(
                 f"line {line}",
@@ -47,6 +50,8 @@ def load_yaml_text(text: str, where: str) -> Any:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
     except SpecError as err:
         raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
+    except RecursionError:
+        raise SpecError(where, "nested too deeply to read", "flatten the lists and mappings") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"

@@ -12,6 +12,8 @@ import pytest
 
 from simulator.cli import main
 
+ROOT = Path(__file__).resolve().parents[2]
+
 GOOD_MODEL = """\
 name: small
 layers: 4
@@ -57,6 +59,10 @@ CASES = [
         "    efficiency: [0.5, 1.6]\n",
         ["compute[0].efficiency[1]", "(0, 1]"],
     ),
+    # Found by adversarial testing: each was a Python traceback (TypeError, RecursionError, AttributeError).
+    ("complexkey.yaml", GOOD_MODEL + "? [a, b]\n: 2\n", ["complexkey.yaml: line 7", "a key is a list"]),
+    ("deep.yaml", "name: " + "[" * 5000 + "]" * 5000 + "\n", ["deep.yaml", "nested too deeply"]),
+    ("intkey.yaml", GOOD_MODEL + "1: 2\n", ["intkey.yaml: 1", "unknown key"]),
     ("hf.json", '{"model_type": "t5", "d_model": 512}', ["hf.json: model_type", "unsupported model_type 't5'"]),
     ("bad.json", '{"model_type": "llama",', ["bad.json", "not valid JSON"]),
 ]
@@ -223,6 +229,15 @@ BAD_CSVS = {
     "header-semicolons-rows-commas": (
         lambda rows: [rows[0].replace(",", ";"), *rows[1:]],
         ["the header is separated by ';' but line 2 by ','", "one separator"],
+    ),
+    # ... and the other way round was not detected at all: every row said "heads: is empty".
+    "header-commas-rows-semicolons": (
+        lambda rows: [rows[0], *(r.replace(",", ";") for r in rows[1:])],
+        ["the header is separated by ',' but line 2 by ';'", "one separator"],
+    ),
+    "header-tabs-rows-semicolons": (
+        lambda rows: [rows[0].replace(",", "\t"), *(r.replace(",", ";") for r in rows[1:])],
+        ["the header is separated by '\\t' but line 2 by ';'", "one separator"],
     ),
 }
 
@@ -535,3 +550,47 @@ def test_validate_names_a_file_that_cannot_be_read(capsys: pytest.CaptureFixture
         pytest.skip("needs /proc")
     assert main(["validate", str(mem)]) == 2
     assert capsys.readouterr().err.startswith("error: /proc/self/mem: cannot be read (")
+
+
+def test_check_goes_by_a_files_keys_before_its_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model YAML kept in a folder named calibration/ was checked as a calibration table."""
+    path = tmp_path / "calibration" / "my-model.yaml"
+    path.parent.mkdir()
+    path.write_text(GOOD_MODEL)
+    assert main(["check", str(path)]) == 0
+    assert "(model)" in capsys.readouterr().out
+
+
+def test_graph_bounds_its_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    """--seq-len 10**400 raised OverflowError; 10**20 printed a garbled table."""
+    for size in (str(10**400), str(10**20)):
+        assert main(["graph", "--model", "llama3-8b", "--seq-len", size]) == 2
+        _check_message(capsys.readouterr().err, ["--seq-len", "at most 2**53"])
+
+
+def test_validate_refuses_to_write_over_its_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text((ROOT / "data" / "validation" / "published_runs.csv").read_text().splitlines()[0] + "\n")
+    before = path.read_text()
+    assert main(["validate", str(path), "--out", str(path)]) == 2
+    _check_message(capsys.readouterr().err, ["--out", "is the input CSV"])
+    assert path.read_text() == before
+
+
+def test_validate_reads_a_pipe() -> None:
+    """`cat runs.csv | clustersim validate /dev/stdin` read the header twice from a stream that cannot rewind
+    ("a row has more fields than the header's 0")."""
+    import subprocess
+    import sys
+
+    text = "\n".join(_first_runs(1)) + "\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "validate", "/dev/stdin", "--format", "json"],
+        input=text,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"]["rows"] == 1

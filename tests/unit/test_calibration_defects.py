@@ -200,7 +200,8 @@ def test_fit_of_fp32_rows_without_device_says_device_must_name_the_measured_devi
     table = tmp_path / "fittp.yaml"
     code, _, err = run(["calibrate", "fit", str(rows), "--out", str(table)], capsys)
     assert code == 2
-    assert "precision fp32" in err
+    # Imported rows carry no probes to derive a device from (it used to be made up from their fastest GEMM).
+    assert "these rows are not one: they were imported" in err
     assert "--device must name the device the rows were measured on" in err
     assert "device fittp" not in err
     code, _, err = run(["calibrate", "fit", str(rows), "--device", "V100-SXM2-32GB", "--out", str(table)], capsys)
@@ -422,3 +423,19 @@ def test_a_profile_folders_failures_csv_is_not_read_as_measurements(tmp_path: Pa
     assert len(read_rows([tmp_path])) == 4
     with pytest.raises(CalibrationError, match="missing column"):
         read_rows([tmp_path / FAILURES])  # named explicitly, it is still not a measurement file
+
+
+def test_import_vidur_refuses_a_use_gated_mlp_it_cannot_read(tmp_path: Path) -> None:
+    """Anything but "true" used to read as an ungated MLP, halving the up-projection's width without a word."""
+    from simulator.calibration.importers.vidur import import_vidur_compute
+
+    src = (Path(__file__).parents[2] / "data/calibration/vidur/compute/a100/Llama-2-7b-hf/mlp.csv").read_text()
+    lines = src.splitlines()
+    header = lines[0].split(",")
+    cells = lines[3].split(",")
+    cells[header.index("use_gated_mlp")] = "maybe"
+    path = tmp_path / "a100" / "Llama-2-7b-hf" / "mlp.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join([*lines[:3], ",".join(cells), *lines[4:]]) + "\n")
+    with pytest.raises(CalibrationError, match=r"line 4: use_gated_mlp must be True or False .* got 'maybe'"):
+        import_vidur_compute(path)

@@ -153,6 +153,14 @@ def import_vidur_compute(path: Path, device: str | None = None, notes: list[str]
     if missing:
         raise CalibrationError(f"{path}: missing column(s) {', '.join(missing)}; is this a Vidur mlp.csv?")
     _numbers(df, path, [c for c in _SHAPE_COLUMNS if c != "use_gated_mlp"], required=True, whole=True)
+    gated = df["use_gated_mlp"].astype(str).str.strip().str.lower()
+    odd = sorted(set(gated) - {"true", "false"})
+    if odd:
+        line = int(gated[~gated.isin(["true", "false"])].index[0]) + 2
+        raise CalibrationError(
+            f"{path}: line {line}: use_gated_mlp must be True or False (as Vidur writes it), got {odd[0]!r}; fix the "
+            "cell: it decides the MLP's GEMM shapes"
+        )
     _numbers(df, path, [c for c in df.columns if c.startswith("time_stats.")], required=False)
     gpu = path.parent.parent.name
     device = device or DEVICES.get(gpu, gpu)

@@ -467,7 +467,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     failures = 0
     for path in args.files:
         try:
-            if path.suffix == ".json":
+            if path.suffix.lower() == ".json":
                 load_hf_config(path)
                 kind = "model (Hugging Face config)"
             else:

@@ -384,6 +384,10 @@ def row_plan(row: pd.Series, where: str) -> PlanSpec:
 def row_cluster(row: pd.Series, where: str, cache: dict[tuple[str, int | None], ClusterSpec]) -> ClusterSpec:
     """The row's cluster, with ``nics_per_node`` overridden when the row sets it."""
     name = str(_cell(row, "cluster") or "")
+    if not name:
+        raise SpecError(
+            f"{where}: cluster", "is empty", "fill cluster (a name `clustersim hardware list` shows, or a YAML)"
+        )
     nics = _positive_or_none(row, "nics_per_node", where, "the cluster profile's own count")
     key = (name, nics)
     if key not in cache:

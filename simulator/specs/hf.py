@@ -95,13 +95,26 @@ def load_hf_config(path: Path) -> ModelSpec:
             "save the config.json as UTF-8 JSON, as Hugging Face writes it",
         ) from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except SpecError as err:
+        raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
     except json.JSONDecodeError as err:
         raise SpecError(f"{path}: line {err.lineno}", f"not valid JSON ({err.msg})", "fix the syntax") from None
     except (ValueError, RecursionError) as err:  # a number of over 4300 digits, arrays nested thousands deep
         raise SpecError(where, f"not a JSON file this importer can read ({err})", "fix the file") from None
     name = path.parent.name if path.name == "config.json" else path.stem
     return model_from_hf_config(data, where, name=name or "hf-model")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: a repeated key (which json.loads lets the last one win,
+    silently) is an error, as the YAML reader makes it."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise SpecError(key, "appears twice in one object", "keep one of them")
+        out[key] = value
+    return out
 
 
 def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:

@@ -80,7 +80,7 @@ def list_names(kind: str) -> list[tuple[str, Path]]:
 
 
 def _looks_like_path(ref: str) -> bool:
-    return ref.endswith((".yaml", ".yml", ".json")) or os.sep in ref or "/" in ref
+    return ref.lower().endswith((".yaml", ".yml", ".json")) or os.sep in ref or "/" in ref
 
 
 def find_file(kind: str, ref: str | Path) -> Path:
@@ -122,7 +122,7 @@ def load_spec_file(path: Path) -> Any:
 @lru_cache(maxsize=256)
 def _model_cached(path_str: str, _mtime: float) -> ModelSpec:
     path = Path(path_str)
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         return load_hf_config(path)
     return ModelSpec.from_mapping(load_yaml_file(path), str(path))
 

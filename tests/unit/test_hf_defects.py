@@ -302,3 +302,19 @@ def test_huge_layer_count_from_the_cli_names_num_hidden_layers(
     err = capsys.readouterr().err
     assert code == 2
     assert "config.json: num_hidden_layers: 'layers' must be at most 10,000, got 100,000" in err
+
+
+def test_a_repeated_key_and_an_upper_case_suffix(tmp_path: Path) -> None:
+    """json.loads lets a repeated key's last value win silently (hidden 4096 then 2048 read as 2048); a .JSON file
+    was parsed as YAML and failed on 'heads'."""
+    from simulator.specs.library import load_model
+
+    cfg = json.loads((Path(__file__).parents[1] / "data" / "hf" / "llama3-8b.json").read_text())
+    text = json.dumps(cfg)
+    dup = tmp_path / "dup.json"
+    dup.write_text(text.replace('"hidden_size": 4096', '"hidden_size": 4096, "hidden_size": 2048'))
+    with pytest.raises(SpecError, match="hidden_size: appears twice in one object"):
+        load_model(dup)
+    upper = tmp_path / "UPPER.JSON"
+    upper.write_text(text)
+    assert load_model(upper).hidden == 4096

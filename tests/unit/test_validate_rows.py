@@ -332,6 +332,7 @@ def test_spearman_does_not_rank_one_layout_measured_on_two_software_releases() -
         # A dense row naming experts was simulated as MoE (+46% on one row); an empty top-k became 2 unreported.
         ({"arch": "dense", "num_experts": 8, "experts_topk": 2}, "arch: is dense, but num_experts is 8"),
         ({"arch": "moe", "num_experts": 8}, "experts_topk: is required for a MoE row; fill experts_topk"),
+        ({"cluster": float("nan")}, "cluster: is empty; fill cluster"),  # was ": is a directory, not a cluster file"
     ],
 )
 def test_a_cell_that_is_not_what_the_contract_says_makes_the_row_invalid(

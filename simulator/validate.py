@@ -378,7 +378,14 @@ def row_plan(row: pd.Series, where: str) -> PlanSpec:
         if value is not None:
             data[col] = str(value).strip()
     gpus = _int(row, "num_gpus", where)
-    return PlanSpec.from_mapping(data, where, gpus=gpus)
+    plan = PlanSpec.from_mapping(data, where, gpus=None)
+    if gpus is not None and plan.num_gpus != gpus:  # in the CSV's own terms (simulate's says --gpus and dp)
+        raise SpecError(
+            f"{where}: num_gpus",
+            f"must equal tp·pp·dp·cp: num_gpus={gpus}, tp·pp·dp·cp={plan.num_gpus}",
+            "fix num_gpus or the degrees",
+        )
+    return plan
 
 
 def row_cluster(row: pd.Series, where: str, cache: dict[tuple[str, int | None], ClusterSpec]) -> ClusterSpec:
@@ -717,7 +724,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _signed_pct(fraction: float) -> str:
-    """``+1.2%``; an error that rounds to zero is ``+0.0%``, never ``-0.0%``."""
+    """``+1.2%``; an error that rounds to zero is ``+0.0%``, never ``-0.0%``; beyond ±1,000,000% (a measured
+    time of 1e-300 s, say) the table says ``>+1e6%`` instead of a 300-digit number (JSON and CSV keep the value)."""
+    if abs(fraction) >= 1e4:
+        return ">+1e6%" if fraction > 0 else "<-1e6%"
     text = f"{fraction * 100:+.1f}%"
     return "+0.0%" if text == "-0.0%" else text
 
@@ -784,7 +794,9 @@ def _one_line(text: str) -> str:
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:.1f}%"
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return ">1e6%" if x >= 1e4 else f"{x * 100:.1f}%"
 
 
 def _num(x: float | None) -> str:

@@ -333,6 +333,8 @@ def test_spearman_does_not_rank_one_layout_measured_on_two_software_releases() -
         ({"arch": "dense", "num_experts": 8, "experts_topk": 2}, "arch: is dense, but num_experts is 8"),
         ({"arch": "moe", "num_experts": 8}, "experts_topk: is required for a MoE row; fill experts_topk"),
         ({"cluster": float("nan")}, "cluster: is empty; fill cluster"),  # was ": is a directory, not a cluster file"
+        # In the CSV's terms: it had said "gpus: ...; fix the degrees or leave dp out" (dp is a required column).
+        ({"num_gpus": 3}, "num_gpus: must equal tp·pp·dp·cp: num_gpus=3, tp·pp·dp·cp=8; fix num_gpus or the degrees"),
     ],
 )
 def test_a_cell_that_is_not_what_the_contract_says_makes_the_row_invalid(
@@ -410,3 +412,13 @@ def test_table_prints_knobs_as_simulate_does_and_no_negative_zero() -> None:
     assert "recompute=none" in line
     assert "True" not in line
     assert " | stack" not in line
+
+
+def test_the_table_caps_absurd_percentages() -> None:
+    """A measured time of 1e-300 s printed a 300-digit percentage in the table (JSON and CSV keep the value)."""
+    from simulator.validate import _pct, _signed_pct
+
+    assert _signed_pct(1e300) == ">+1e6%"
+    assert _pct(1e300) == ">1e6%"
+    assert _signed_pct(-0.0001) == "+0.0%"
+    assert _signed_pct(0.1234) == "+12.3%"

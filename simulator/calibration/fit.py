@@ -56,7 +56,7 @@ from simulator.specs.calibration import (
     EfficiencyCurve,
 )
 from simulator.specs.hardware import DeviceSpec
-from simulator.units import GB
+from simulator.units import GB, sig
 
 __all__ = [
     "compute_class",
@@ -272,7 +272,7 @@ def fit_table(
                     op=kind,
                     precision=precision,
                     log10_size=xs,
-                    efficiency=tuple(round(min(max(y, 1e-4), 1.0), 4) for y in ys),
+                    efficiency=tuple(sig(min(max(y, 1e-4), 1.0)) for y in ys),
                     samples=len(points),
                     source=_sources(rows, derived.get((kind, precision), kind), precision),
                 )
@@ -288,7 +288,7 @@ def fit_table(
                     scope=scope,
                     ranks=ranks,
                     log2_bytes=xs,
-                    busbw_bytes_per_s=tuple(round(y / GB, 3) * GB for y in ys),
+                    busbw_bytes_per_s=tuple(sig(y / GB) * GB for y in ys),
                     samples=len(points),
                     source=_sources(rows, "collective", op),
                 )
@@ -454,7 +454,7 @@ def default_table(
         for g, y in zip(grid, ys, strict=True):
             if not xs_out or g > xs_out[-1] + 1e-9:
                 xs_out.append(round(g, 4))
-                ys_out.append(round(y, 4))
+                ys_out.append(sig(y))
         compute.append(
             EfficiencyCurve(
                 op=kind,
@@ -487,7 +487,7 @@ def default_table(
                 scope="domain",
                 ranks=ranks,
                 log2_bytes=tuple(round(g, 4) for g in grid),
-                busbw_bytes_per_s=tuple(round(f, 4) * GB for f in fractions),
+                busbw_bytes_per_s=tuple(sig(f) * GB for f in fractions),
                 samples=sum(c.samples for c, _ in items),
                 source="fraction of NVLink bandwidth, median of " + ", ".join(sorted({t.name for t, _, _ in measured})),
                 reference_bandwidth_bytes_per_s=1.0 * GB,

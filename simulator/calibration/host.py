@@ -27,16 +27,9 @@ from simulator.cost.communication import bus_factor
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
-from simulator.units import GB, GBIT, GIB, TFLOP
+from simulator.units import GB, GBIT, GIB, TFLOP, sig
 
 __all__ = ["host_cluster", "host_device", "write_yaml"]
-
-
-def _sig(value: float, digits: int = 4) -> float:
-    """``value`` rounded to ``digits`` significant digits (stable YAML without exponents)."""
-    if value <= 0:
-        return 0.0
-    return float(f"{value:.{digits}g}")
 
 
 def host_device(
@@ -63,10 +56,10 @@ def host_device(
     return DeviceSpec(
         name=name,
         vendor=first.device,
-        peak_flops=(("bf16", _sig(peak / TFLOP) * TFLOP),)
-        + ((("fp8", _sig(max(gemm8) / TFLOP) * TFLOP),) if gemm8 else ()),
-        hbm_bytes=_sig(ram / max(ranks, 1) / GIB, 3) * GIB,
-        hbm_bandwidth_bytes_per_s=_sig(max(memory) / GB) * GB,
+        peak_flops=(("bf16", sig(peak / TFLOP) * TFLOP),)
+        + ((("fp8", sig(max(gemm8) / TFLOP) * TFLOP),) if gemm8 else ()),
+        hbm_bytes=sig(ram / max(ranks, 1) / GIB, 3) * GIB,
+        hbm_bandwidth_bytes_per_s=sig(max(memory) / GB) * GB,
         source=(
             f"measured by clustersim calibrate on host {first.host or 'unknown'} on {first.date or 'unknown date'} "
             f"(torch {first.torch_version}): peak = best bf16 (and FP8) GEMM throughput, bandwidth = best "
@@ -96,7 +89,7 @@ def host_cluster(
         name=name,
         device=device,
         gpus_per_node=ranks,
-        nvlink_bandwidth_bytes_per_s=_sig(link / GB) * GB,
+        nvlink_bandwidth_bytes_per_s=sig(link / GB) * GB,
         nics_per_node=1,
         nic_bandwidth_bytes_per_s=1.0 * GBIT,
         intra_node_latency_s=0.0,
@@ -112,10 +105,10 @@ def device_mapping(d: DeviceSpec) -> dict[str, Any]:
     return {
         "name": d.name,
         "vendor": d.vendor,
-        "peak_tflops_bf16": _sig(d.peak("bf16") / TFLOP),
-        **({"peak_tflops_fp8": _sig(d.peak("fp8") / TFLOP)} if "fp8" in dict(d.peak_flops) else {}),
-        "hbm_gib": _sig(d.hbm_bytes / GIB, 3),
-        "hbm_bandwidth_gb_per_s": _sig(d.hbm_bandwidth_bytes_per_s / GB),
+        "peak_tflops_bf16": sig(d.peak("bf16") / TFLOP),
+        **({"peak_tflops_fp8": sig(d.peak("fp8") / TFLOP)} if "fp8" in dict(d.peak_flops) else {}),
+        "hbm_gib": sig(d.hbm_bytes / GIB, 3),
+        "hbm_bandwidth_gb_per_s": sig(d.hbm_bandwidth_bytes_per_s / GB),
         "source": d.source,
     }
 
@@ -127,7 +120,7 @@ def cluster_mapping(c: ClusterSpec, *, device_ref: str, calibration_ref: str | N
         "description": c.description,
         "device": device_ref,
         "gpus_per_node": c.gpus_per_node,
-        "nvlink_bandwidth_gb_per_s": _sig(c.nvlink_bandwidth_bytes_per_s / GB),
+        "nvlink_bandwidth_gb_per_s": sig(c.nvlink_bandwidth_bytes_per_s / GB),
         "nics_per_node": c.nics_per_node,
         "nic_bandwidth_gbit_per_s": 1,
         "intra_node_latency_us": 0,

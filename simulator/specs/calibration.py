@@ -20,7 +20,7 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields
-from simulator.units import GB
+from simulator.units import GB, sig
 
 __all__ = [
     "ATTENTION_CLASSES",
@@ -362,7 +362,7 @@ class CalibrationTable:
                 "samples": c.samples,
                 "source": c.source,
                 "log10_size": [round(x, 4) for x in c.log10_size],
-                "efficiency": [round(y, 4) for y in c.efficiency],
+                "efficiency": [sig(y) for y in c.efficiency],
             }
             for c in self.compute
         ]
@@ -396,5 +396,5 @@ def _curve_mapping(b: BandwidthCurve, measured: float | None = None) -> dict[str
     if b.reference_bandwidth_bytes_per_s and b.reference_bandwidth_bytes_per_s != measured:
         out["reference_bandwidth_gb_per_s"] = round(b.reference_bandwidth_bytes_per_s / GB, 3)
     out["log2_bytes"] = [round(x, 4) for x in b.log2_bytes]
-    out["busbw_gb_per_s"] = [round(y / GB, 3) for y in b.busbw_bytes_per_s]
+    out["busbw_gb_per_s"] = [sig(y / GB) for y in b.busbw_bytes_per_s]
     return out

@@ -108,8 +108,31 @@ def test_nccl_tests_output(tmp_path: Path) -> None:
     assert rows[0].device == "NVIDIA H100 80GB HBM3"
     assert rows[1].time_s == pytest.approx(420e-6)
     (tmp_path / "empty.txt").write_text("# nothing\n")
-    with pytest.raises(CalibrationError, match="cannot tell which collective"):
+    with pytest.raises(CalibrationError, match="no nccl-tests data lines"):
         import_nccl_tests(tmp_path / "empty.txt")
+    (tmp_path / "unnamed.txt").write_text(NCCL_OUTPUT.replace("# Collective test starting: all_reduce_perf\n", ""))
+    with pytest.raises(CalibrationError, match="line 6: cannot tell which collective"):
+        import_nccl_tests(tmp_path / "unnamed.txt")
+
+
+def test_nccl_tests_output_with_two_runs_gives_each_its_collective_and_group(tmp_path: Path) -> None:
+    """A job log running all_reduce_perf on 2 GPUs, then all_gather_perf on 2 nodes: rank lines used to be
+    counted over the whole file (4 ranks for both) and the last test's name given to every row."""
+    second = (
+        NCCL_OUTPUT.replace("all_reduce_perf", "all_gather_perf")
+        .replace("Rank  1 Group  0 Pid  2 on node-a", "Rank  1 Group  0 Pid  2 on node-b")
+        .replace("sum", "none")
+    )
+    path = tmp_path / "job.log"
+    path.write_text(NCCL_OUTPUT + second)
+    rows = import_nccl_tests(path)
+    assert [(r.op, r.ranks, r.scope) for r in rows] == [
+        ("all_reduce", 2, "domain"),
+        ("all_reduce", 2, "domain"),
+        ("all_gather", 2, "network"),
+        ("all_gather", 2, "network"),
+    ]
+    assert rows[2].host == "node-a,node-b"
 
 
 def test_torch_profiler_cpu_trace(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from simulator.calibration.rows import Measurement, input_file, not_utf8
@@ -93,51 +94,86 @@ def import_nccl_tests(
     except UnicodeDecodeError as err:  # a stray byte in a log is tolerated; a binary file has no data lines
         decode_error = err
         text = raw.decode("utf-8", errors="replace")
-    hosts: set[str] = set()
-    rank_lines = 0
-    n_gpus = n_threads = 1
-    detected = None
-    gpu_name = ""
-    data: list[tuple[int, list[str]]] = []
+    # One file may hold several runs (a job script running all_reduce_perf then all_gather_perf, or one binary
+    # on two node counts): each starts with its "# nThread ... nGpus" header and has its own rank lines, test
+    # name and data lines, so each run's rows get their own collective, group size and scope.
+    runs: list[_Run] = [_Run()]
     for lineno, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped:
             continue
+        run = runs[-1]
         if stripped.startswith("#"):
             m = re.search(r"nThread\s+(\d+)\s+nGpus\s+(\d+)", stripped)
             if m:
-                n_threads, n_gpus = int(m.group(1)), int(m.group(2))
+                if run.data or run.rank_lines or run.seen_header:
+                    run = _Run()
+                    runs.append(run)
+                run.seen_header = True
+                run.n_threads, run.n_gpus = int(m.group(1)), int(m.group(2))
             m = re.search(
                 r"Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*)$", stripped
             )
             if m:
-                rank_lines += 1
-                hosts.add(m.group(1))
-                gpu_name = m.group(2).strip()
+                run.rank_lines += 1
+                run.hosts.add(m.group(1))
+                run.gpu_name = m.group(2).strip()
             m = re.search(r"Collective test starting:\s*(\S+)", stripped)
             if m:
-                detected = _collective_from(m.group(1))
+                if run.data:  # a second test in one run block: its own run
+                    run = _Run(n_threads=run.n_threads, n_gpus=run.n_gpus, seen_header=True)
+                    runs.append(run)
+                run.detected = _collective_from(m.group(1))
             continue
         tokens = stripped.split()
         if len(tokens) >= 8 and tokens[0].isdigit():
-            data.append((lineno, tokens))
-    if not data and decode_error is not None:
+            run.data.append((lineno, tokens))
+    if not any(r.data for r in runs) and decode_error is not None:
         raise not_utf8(path, decode_error, "nccl-tests output")
-    name = name_given or detected or _collective_from(path.stem.split(".")[0])
-    if name is None:
-        raise CalibrationError(
-            f"{path}: cannot tell which collective this is; pass --collective ({', '.join(COLLECTIVES)})"
-        )
-    if not data:
+    if not any(r.data for r in runs):
         raise CalibrationError(
             f"{path}: no nccl-tests data lines (size count type ... time algbw busbw) found; give the standard "
             "output of an nccl-tests binary such as all_reduce_perf"
         )
-    n = ranks or rank_lines or n_gpus * n_threads
-    scope = "network" if len(hosts) > 1 else "domain"
     rows = []
     dropped: list[int] = []
-    for lineno, tokens in data:
+    for run in runs:
+        if not run.data:
+            continue
+        name = name_given or run.detected or _collective_from(path.stem.split(".")[0])
+        if name is None:
+            raise CalibrationError(
+                f"{path}: line {run.data[0][0]}: cannot tell which collective this is; pass --collective "
+                f"({', '.join(COLLECTIVES)})"
+            )
+        rows += _run_rows(path, run, name, ranks, device, dropped)
+    if dropped and notes is not None:
+        notes.append(_dropped_note(path, dropped, "a zero or negative size or time (nothing to fit)"))
+    return rows
+
+
+@dataclass
+class _Run:
+    """One nccl-tests run inside an output file: its header figures, rank lines and data lines."""
+
+    n_threads: int = 1
+    n_gpus: int = 1
+    seen_header: bool = False
+    rank_lines: int = 0
+    hosts: set[str] = field(default_factory=set)
+    gpu_name: str = ""
+    detected: str | None = None
+    data: list[tuple[int, list[str]]] = field(default_factory=list)
+
+
+def _run_rows(
+    path: Path, run: _Run, name: str, ranks: int | None, device: str, dropped: list[int]
+) -> list[Measurement]:
+    """The measurement rows of one run (lines with a zero or negative size or time go to ``dropped``)."""
+    n = ranks or run.rank_lines or run.n_gpus * run.n_threads
+    scope = "network" if len(run.hosts) > 1 else "domain"
+    rows = []
+    for lineno, tokens in run.data:
         size = float(tokens[0])
         trailing = tokens[-8:] if len(tokens) >= 13 else tokens[-4:]
         try:
@@ -162,13 +198,12 @@ def import_nccl_tests(
                 ranks=n,
                 scope=scope,
                 time_s=time_us * 1e-6,
-                device=device or gpu_name,
+                device=device or run.gpu_name,
                 source=f"nccl-tests output {path.name}",
-                note=f"hosts={len(hosts) or 1}",
+                host=",".join(sorted(run.hosts)),
+                note=f"hosts={len(run.hosts) or 1}",
             )
         )
-    if dropped and notes is not None:
-        notes.append(_dropped_note(path, dropped, "a zero or negative size or time (nothing to fit)"))
     return rows
 
 

@@ -144,13 +144,19 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
         where = f"{args.plan} + command line"
     # Every plan field has its flag (--tp, --zero-stage...) but the what-if factors expert_imbalance and
     # straggler_factor, set with --set plan.KEY=VALUE.
-    for key in PlanSpec.field_names():
-        value = getattr(args, key, None)
-        if value is not None:
-            data[key] = value
+    flags = {key: getattr(args, key, None) for key in (*PlanSpec.field_names(), "gpus")}
+    flags = {key: value for key, value in flags.items() if value is not None}
+    # A key given both as its flag and as --set plan.KEY is a contradiction, not a precedence question (a value of
+    # the wrong type, --set plan.tp=abc, is left to the plan reader, which says what is wrong with it).
+    for key in sorted(flags.keys() & overrides.keys()):
+        if type(flags[key]) is type(overrides[key]) and flags[key] != overrides[key]:
+            raise SpecError(
+                f"--set plan.{key}",
+                f"says {overrides[key]!r} where the flag for {key} says {flags[key]!r}",
+                "give the value once",
+            )
+    data.update(flags)  # the command line overrides the plan file
     data.update(overrides)
-    if args.gpus is not None:
-        data["gpus"] = args.gpus  # the command line overrides the plan file, as for every other key
     if "global_batch" not in data:
         raise SpecError("--global-batch", "is required", "give the sequences per optimizer step")
     return PlanSpec.from_mapping(data, where)
@@ -538,6 +544,8 @@ def _guess_kind(data: Any, path: Path) -> str:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from simulator.validate import format_report, validate_file
 
+    if args.stacks is not None and args.no_stacks:
+        raise SpecError("--stacks/--no-stacks", "name a stacks file and ignore stacks at once", "give one of them")
     if args.out is not None and args.out.exists() and args.file.exists() and args.out.samefile(args.file):
         raise SpecError(
             f"--out {args.out}", "is the input CSV: the results would replace the measured runs", "name another file"

@@ -594,3 +594,27 @@ def test_validate_reads_a_pipe() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["summary"]["rows"] == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        # The flag won for gpus and --set won for ep: contradictions are now refused either way.
+        (["--gpus", "16", "--set", "plan.gpus=32"], "--set plan.gpus: says 32 where the flag for gpus says 16"),
+        (["--gpus", "16", "--tp", "2", "--set", "plan.tp=4"], "--set plan.tp: says 4 where the flag for tp says 2"),
+    ],
+)
+def test_a_knob_given_twice_with_two_values_is_refused(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "32"]
+    assert main([*base, *argv]) == 2
+    _check_message(capsys.readouterr().err, [fragment, "give the value once"])
+    assert main([*base, "--gpus", "16", "--set", "plan.gpus=16", "--format", "json"]) in (0, 3)  # agreeing is fine
+    capsys.readouterr()
+
+
+def test_validate_refuses_stacks_and_no_stacks_together(capsys: pytest.CaptureFixture[str]) -> None:
+    stacks = ROOT / "data" / "validation" / "software_stacks.yaml"
+    assert main(["validate", str(PUBLISHED), "--stacks", str(stacks), "--no-stacks"]) == 2
+    _check_message(capsys.readouterr().err, ["--stacks/--no-stacks", "give one of them"])

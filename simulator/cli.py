@@ -500,10 +500,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
                         "global_batch": ints.get("gpus", ints.get("dp", 1)) * ints.get("micro_batch", 1)
                     }
                     left = [] if "global_batch" in data else ["global_batch"]
-                    if "dp" not in data and "gpus" not in data:
+                    given = {k for k, v in data.items() if not (isinstance(v, str) and v.strip().lower() == "auto")}
+                    if "dp" not in given and "gpus" not in given:
                         defaults["dp"] = 1
                         left.append("dp or gpus")
-                    PlanSpec.from_mapping({**defaults, **data}, where)
+                    merged = {**defaults, **data}
+                    if "dp" in defaults:
+                        merged["dp"] = 1  # also over 'dp: auto'
+                    PlanSpec.from_mapping(merged, where)
                     if left:
                         kind += "; left to the command line: " + ", ".join(left)
             print(f"ok: {path} ({kind})")

@@ -332,7 +332,20 @@ class PlanSpec:
     def from_mapping(cls, data: Any, where: str, *, gpus: int | None = None) -> PlanSpec:
         """Build from a parsed plan file (``auto`` or ``null`` leaves a knob free)."""
         f = Fields(data, where)
-        raw = {k: v for k, v in f.data.items() if not (isinstance(v, str) and v.strip().lower() in _AUTO)}
+        auto = {k for k, v in f.data.items() if isinstance(v, str) and v.strip().lower() in _AUTO}
+        defaults = {fl.name: fl.default for fl in fields(cls)}
+        for key in sorted(auto):
+            # 'auto' leaves free what the simulator chooses or derives (the free knobs, dp, and the knobs whose
+            # default depends on the rest of the plan); a fixed-default degree such as tp is not searched, and
+            # reading 'tp: auto' as tp 1 answered a question nobody asked.
+            if key in defaults and key not in FREE_KNOBS and defaults[key] is not None and key != "dp":
+                raise SpecError(
+                    f"{where}: {key}",
+                    f"is {f.data[key]!r}, but the simulator does not choose {key} (it chooses "
+                    f"{', '.join(FREE_KNOBS)}; dp follows from the GPU count)",
+                    f"give {key} a value, or leave it out for the default {defaults[key]!r}",
+                )
+        raw = {k: v for k, v in f.data.items() if k not in auto}
         g = Fields(raw, where, keys=(*cls.field_names(), "gpus", "name", "description"))
         kwargs: dict[str, Any] = {}
         for field in fields(cls):

@@ -618,3 +618,15 @@ def test_validate_refuses_stacks_and_no_stacks_together(capsys: pytest.CaptureFi
     stacks = ROOT / "data" / "validation" / "software_stacks.yaml"
     assert main(["validate", str(PUBLISHED), "--stacks", str(stacks), "--no-stacks"]) == 2
     _check_message(capsys.readouterr().err, ["--stacks/--no-stacks", "give one of them"])
+
+
+def test_a_plan_file_cannot_leave_a_fixed_degree_to_auto(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """'tp: auto' was read as tp 1 and reported ok; 'auto' frees only what the simulator chooses or derives."""
+    bad = tmp_path / "plan.yaml"
+    bad.write_text("tp: auto\nglobal_batch: 32\n")
+    assert main(["check", str(bad)]) == 2
+    _check_message(capsys.readouterr().err, ["tp: is 'auto'", "does not choose tp", "default 1"])
+    good = tmp_path / "free.yaml"
+    good.write_text("micro_batch: auto\nrecompute: auto\ndp: auto\nglobal_batch: 32\n")
+    assert main(["check", str(good)]) == 0
+    assert "left to the command line: dp or gpus" in capsys.readouterr().out

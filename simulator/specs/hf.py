@@ -281,6 +281,10 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
         raise _respec(err, f, keys) from None
 
 
+# The model types whose every released config is a mixture of experts.
+_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
 def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     """The MoE part, or None for a dense model; adds to ``keys`` the config keys of the MoE fields."""
     data = f.data
@@ -288,6 +292,11 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     count_key = "num_local_experts" if data.get("num_local_experts") else "num_experts"
     f.used.update(("num_local_experts", "num_experts"))
     if not data.get(count_key):
+        if model_type in _MOE_TYPES and count_key not in data and "num_local_experts" not in data:
+            # Mixtral's and Qwen-MoE's configs always carry the count; without it this would import the model
+            # as a dense one of another size.
+            key = "num_local_experts" if model_type == "mixtral" else "num_experts"
+            raise f.error(key, f"is required for model_type {model_type!r} but missing", f"add {key} to the config")
         return None
     experts = f.integer(count_key, minimum=1)
     top_k = f.integer("num_experts_per_tok", minimum=1)

@@ -142,6 +142,8 @@ def test_every_llama_family_is_still_read(model_type: str) -> None:
     """Defect 2: the README's families (Llama, Mistral/Mixtral, Qwen2/Qwen3 and their MoE) still load, and the
     model_type is case-insensitive as before."""
     cfg = QWEN3_MOE if model_type.endswith("moe") else LLAMA
+    if model_type == "mixtral":  # Mixtral's configs always name their experts (a missing count is refused)
+        cfg = {**LLAMA, "num_local_experts": 8, "num_experts_per_tok": 2}
     m = model_from_hf_config({**cfg, "model_type": model_type.upper()}, WHERE, name="m")
     assert m.gated_mlp
     assert m.norm == "rmsnorm"
@@ -318,3 +320,13 @@ def test_a_repeated_key_and_an_upper_case_suffix(tmp_path: Path) -> None:
     upper = tmp_path / "UPPER.JSON"
     upper.write_text(text)
     assert load_model(upper).hidden == 4096
+
+
+def test_a_moe_model_type_without_its_expert_count_is_refused() -> None:
+    """mixtral or qwen3_moe without num_local_experts / num_experts was imported as a dense model."""
+    cfg = json.loads((Path(__file__).parents[1] / "data" / "hf" / "qwen3-30b-a3b.json").read_text())
+    del cfg["num_experts"]
+    with pytest.raises(SpecError, match="num_experts: is required for model_type 'qwen3_moe' but missing"):
+        model_from_hf_config(cfg, "config.json", name="q")
+    cfg["num_experts"] = 0  # stated as zero: a dense model, as transformers reads it
+    assert model_from_hf_config(cfg, "config.json", name="q").moe is None

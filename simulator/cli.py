@@ -325,6 +325,18 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
                 raise  # a broken cluster: its own error, not a device's
         else:
             return EXIT_OK
+    device_names = [n for n, _ in list_names("device")]
+    if args.name.lower() not in {n.lower() for n in device_names} and not Path(args.name).is_file():
+        import difflib
+
+        every = sorted([*device_names, *(n for n, _ in list_names("cluster"))], key=str.lower)
+        close = difflib.get_close_matches(args.name, every, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise SpecError(
+            f"hardware show {args.name}",
+            "is neither a built-in device nor a cluster, nor a file",
+            f"{hint}clustersim hardware list shows them: {', '.join(every)}",
+        )
     d = load_device(args.name)
     print(_device_text(d))
     return EXIT_OK

@@ -221,6 +221,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         raise CalibrationError(f"--out {args.out}: must be a .yaml file, e.g. hardware_profiles/calibration/NAME.yaml")
     device = load_device(args.device) if args.device else None
     name = args.name or args.out.stem
+    _plain_name(name, "--name")
     result = fit_files(
         args.paths,
         name=name,
@@ -353,9 +354,17 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plain_name(name: str, flag: str) -> None:
+    """A profile or table name becomes a file name: no folders in it (``../../x`` wrote outside --out)."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        raise CalibrationError(f"{flag} {name!r}: must be a plain name, not a path; the files go under --out")
+
+
 def _cmd_host(args: argparse.Namespace) -> int:
     from simulator.calibration.workflow import run_host, summarize_errors
 
+    if args.name is not None:
+        _plain_name(args.name, "--name")
     configs = _configs(args.configs, args.device)
     result = run_host(
         args.out,

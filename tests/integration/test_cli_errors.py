@@ -630,3 +630,16 @@ def test_a_plan_file_cannot_leave_a_fixed_degree_to_auto(tmp_path: Path, capsys:
     good.write_text("micro_batch: auto\nrecompute: auto\ndp: auto\nglobal_batch: 32\n")
     assert main(["check", str(good)]) == 0
     assert "left to the command line: dp or gpus" in capsys.readouterr().out
+
+
+def test_hardware_show_suggests_clusters_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped cluster name was answered with the list of devices only."""
+    assert main(["hardware", "show", "dgx-h10"]) == 2
+    _check_message(capsys.readouterr().err, ["did you mean dgx-h100?", "gb200-nvl72", "H100-SXM5-80GB"])
+
+
+def test_calibrate_names_are_plain_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """calibrate host --name ../../x wrote x.yaml outside --out."""
+    assert main(["calibrate", "host", "--device", "cpu", "--name", "../../x", "--out", str(tmp_path)]) == 2
+    _check_message(capsys.readouterr().err, ["--name '../../x': must be a plain name"])
+    assert not any(tmp_path.iterdir())

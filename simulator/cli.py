@@ -330,7 +330,10 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         import difflib
 
         every = sorted([*device_names, *(n for n, _ in list_names("cluster"))], key=str.lower)
-        close = difflib.get_close_matches(args.name, every, n=1, cutoff=0.6)
+        close = (
+            difflib.get_close_matches(args.name, every, n=1, cutoff=0.6)
+            or [n for n in every if args.name.lower() in n.lower()][:1]
+        )
         hint = f"did you mean {close[0]}? " if close else ""
         raise SpecError(
             f"hardware show {args.name}",

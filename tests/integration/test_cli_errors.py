@@ -181,7 +181,7 @@ ARG_CASES = [
         ["argument --tp", "invalid int value"],
     ),
     (["graph", "--model", "nope"], ["model 'nope'", "not a built-in model"]),
-    (["hardware", "show", "H100"], ["device 'H100'", "not a built-in device"]),
+    (["hardware", "show", "H100"], ["hardware show H100", "did you mean H100-SXM5-80GB?"]),
     (["validate", "no-such-file.csv"], ["no-such-file.csv", "file not found"]),
 ]
 

@@ -330,11 +330,13 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         import difflib
 
         every = sorted([*device_names, *(n for n, _ in list_names("cluster"))], key=str.lower)
-        close = (
-            difflib.get_close_matches(args.name, every, n=1, cutoff=0.6)
-            or [n for n in every if args.name.lower() in n.lower()][:1]
-        )
-        hint = f"did you mean {close[0]}? " if close else ""
+        close = list(
+            dict.fromkeys(
+                [n for n in every if args.name.lower() in n.lower()][:2]
+                + difflib.get_close_matches(args.name, every, n=2, cutoff=0.6)
+            )
+        )[:3]
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise SpecError(
             f"hardware show {args.name}",
             "is neither a built-in device nor a cluster, nor a file",

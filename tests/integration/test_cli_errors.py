@@ -181,7 +181,7 @@ ARG_CASES = [
         ["argument --tp", "invalid int value"],
     ),
     (["graph", "--model", "nope"], ["model 'nope'", "not a built-in model"]),
-    (["hardware", "show", "H100"], ["hardware show H100", "did you mean H100-SXM5-80GB?"]),
+    (["hardware", "show", "H100"], ["hardware show H100", "did you mean dgx-h100 or H100-SXM5-80GB?"]),
     (["validate", "no-such-file.csv"], ["no-such-file.csv", "file not found"]),
 ]
 
@@ -635,7 +635,7 @@ def test_a_plan_file_cannot_leave_a_fixed_degree_to_auto(tmp_path: Path, capsys:
 def test_hardware_show_suggests_clusters_too(capsys: pytest.CaptureFixture[str]) -> None:
     """A mistyped cluster name was answered with the list of devices only."""
     assert main(["hardware", "show", "dgx-h10"]) == 2
-    _check_message(capsys.readouterr().err, ["did you mean dgx-h100?", "gb200-nvl72", "H100-SXM5-80GB"])
+    _check_message(capsys.readouterr().err, ["did you mean dgx-h100", "gb200-nvl72", "H100-SXM5-80GB"])
 
 
 def test_calibrate_names_are_plain_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -44,6 +44,12 @@ class SpecError(SimulatorError, ValueError):
             text = f"{text}; {fix}"
         super().__init__(text)
 
+    def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str]]:
+        # Rebuilt from its three parts: the default pickling passes only the message to __init__, which a
+        # process pool (multiprocessing, Dask, concurrent.futures) does to send the error back, and failed
+        # there, breaking the pool instead of reporting the bad plan.
+        return (type(self), (self.where, self.what, self.fix))
+
 
 class InfeasiblePlanError(SimulatorError):
     """A well-formed plan that cannot run on the given model and cluster."""

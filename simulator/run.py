@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -220,6 +221,8 @@ def simulate(
 
     Free knobs of the plan (``None``) are chosen: the fastest combination that fits in memory.
 
+    Thread-safe (calls from several threads run one at a time); for a parallel sweep use processes.
+
     Raises
     ------
     InfeasiblePlanError
@@ -242,8 +245,15 @@ def simulate(
     ):
         if not isinstance(value, kind):  # a name or a dict where a spec belongs: say so, not an AttributeError
             raise SpecError(f"simulate: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", fix)
-    with _gc_paused():
+    with _CALL_LOCK, _gc_paused():
         return _simulate(model, cluster, plan, record)
+
+
+# One call at a time per process: the cost models and program caches are shared across calls (that is what makes
+# a sweep fast), and each call collects its uncalibrated labels in the shared models. Threads gain nothing from
+# running calls side by side under the GIL; this makes them safe (Dask's threaded scheduler, a thread pool), and a
+# parallel sweep uses processes (every spec, result and error pickles).
+_CALL_LOCK = threading.RLock()
 
 
 @contextmanager

@@ -128,3 +128,39 @@ def test_recording_a_trace_does_not_change_an_out_of_memory_answer() -> None:
     assert not plain.feasible
     assert recorded.timeline
     assert json.dumps(plain.to_dict()) == json.dumps(recorded.to_dict())
+
+
+def test_errors_survive_pickling_as_a_process_pool_sends_them() -> None:
+    """SpecError could not be unpickled (its __init__ takes where, what, fix): one bad plan in a spawn pool hung
+    multiprocessing's map and broke a ProcessPoolExecutor instead of reporting the error."""
+    import pickle
+
+    from simulator.errors import CalibrationError, InfeasiblePlanError, SpecError
+
+    for err in (SpecError("tp", "must be >= 1, got 0", "use a positive degree"), InfeasiblePlanError("x"),
+                CalibrationError("y")):  # fmt: skip
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err)
+        assert str(back) == str(err)
+    spec = pickle.loads(pickle.dumps(SpecError("a", "b", "c")))
+    assert (spec.where, spec.what, spec.fix) == ("a", "b", "c")
+
+
+def test_threads_get_the_results_a_serial_loop_gets() -> None:
+    """The cost models are shared across calls and collect each call's uncalibrated labels: threads (Dask's
+    default scheduler) used to mix them up between results (6-20 of 162 differed). Calls now run one at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from simulator.run import simulate
+    from simulator.specs import PlanSpec, load_cluster, load_model
+
+    model = load_model("llama3-8b")
+    jobs = [
+        (load_cluster(name), PlanSpec(tp=tp, dp=16 // tp, global_batch=32, micro_batch=1, recompute="full"))
+        for name in ("dgx-h100", "dgx-b200", "dgx-a100-80g")
+        for tp in (1, 2, 4, 8)
+    ] * 3
+    serial = [simulate(model, c, p).to_dict() for c, p in jobs]
+    with ThreadPoolExecutor(8) as pool:
+        threaded = list(pool.map(lambda job: simulate(model, *job).to_dict(), jobs))
+    assert threaded == serial

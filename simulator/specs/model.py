@@ -306,6 +306,26 @@ class ModelSpec:
             }
         return out
 
+    def with_(self, **changes: Any) -> ModelSpec:
+        """A copy with some model-file keys changed, derived sizes re-derived (``with_(hidden=6144)`` gives
+        head_dim hidden / heads again, where ``dataclasses.replace`` would keep the old one and build another
+        model); MoE keys go as ``**{"moe.top_k": 4}``. Checked like a model file.
+
+        >>> from simulator.specs.library import load_model
+        >>> load_model("gpt3-175b").with_(hidden=6144).head_dim
+        64
+        """
+        data = self.to_mapping()
+        for dotted, value in changes.items():
+            target = data
+            *parents, key = dotted.split(".")
+            for part in parents:
+                if not isinstance(target.get(part), dict):
+                    raise SpecError(f"{self.name}: {dotted}", f"{part!r} is not a mapping here", "check the key")
+                target = target[part]
+            target[key] = value
+        return ModelSpec.from_mapping(data, f"model {self.name} (with_)")
+
     # -- construction ---------------------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, data: Any, where: str) -> ModelSpec:

@@ -181,6 +181,6 @@ def test_model_with_rederives_what_replace_would_keep() -> None:
     assert wide == load_model("gpt3-175b", {"hidden": 6144})
     with pytest.raises(SpecError, match="'heads' must divide 'hidden'"):
         gpt3.with_(hidden=6000)
-    mixtral = gpt3.with_(**{"moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 4096}})
+    mixtral = gpt3.with_(moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 4096})
     assert mixtral.moe is not None
     assert mixtral.with_(**{"moe.top_k": 1}).moe.top_k == 1

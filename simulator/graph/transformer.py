@@ -503,13 +503,16 @@ def _moe_block(model: ModelSpec, tokens: int) -> tuple[list[Op], list[Op]]:
         sp=False,
     )
     experts_f, experts_b = _mlp("moe.experts", model, routed_tokens, moe.expert_ffn_hidden, experts=moe.num_experts)
+    # The un-permutation keeps nothing but its row map for the backward: Megatron-Core applies the routing
+    # probabilities inside the experts (the probs travel with the tokens and the activation multiplies them,
+    # ``weighted_bias_swiglu_impl``), so ``unpermute`` runs without probs and Transformer Engine's
+    # ``_moe_unpermute_mask_map`` saves only ``row_id_map`` (int32, tokens x top_k: negligible beside h).
     unpermute, unpermute_b = _mem(
         "moe.unpermute",
         float(E * routed_tokens * h),
         float(E * tokens * h),
         bwd_read=float(E * tokens * h),
         bwd_write=float(E * routed_tokens * h),
-        act=float(E * routed_tokens * h),
         sp=False,
     )
     fwd = [router, topk, permute, *experts_f, unpermute]

@@ -550,8 +550,12 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
             b.comm(_a2a(layout, graph, f"{block}.dispatch"))
             if gathered:
                 b.comm(_expert_tp_comm(layout, graph, f"{block}.dispatch", "all_gather"))
+            _emit_sort_chunks(b, layout, graph, "moe.sort_chunks")
             continue
+        if op.name == "moe.experts.up":
+            _emit_fp8_padding(b, op, layout, "moe.fp8_pad", "input")
         if op.name == "moe.unpermute" and layout.ep.size > 1:
+            _emit_sort_chunks(b, layout, graph, "moe.sort_chunks_back")
             if gathered:
                 b.comm(_expert_tp_comm(layout, graph, f"{block}.combine", "reduce_scatter"))
             b.comm(_a2a(layout, graph, f"{block}.combine"))
@@ -571,6 +575,8 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
             for c in closing:
                 b.comm(c, join=2)
         _emit_compute(b, op, layout)
+        if op.name == "moe.experts.down":
+            _emit_fp8_padding(b, op, layout, "moe.fp8_unpad", "output")
         if not pipelined:
             for c in closing:
                 b.comm(c)
@@ -790,6 +796,35 @@ def _expert_tp_comm(layout: Layout, graph: ModelGraph, tag: str, collective: str
     return Comm(f"{tag}.{collective}", collective, layout.tp, _routed_bytes(layout, graph, _tokens(layout)), "tp")
 
 
+def _emit_sort_chunks(b: _Builder, layout: Layout, graph: ModelGraph, name: str) -> None:
+    """The copy that sorts the dispatched tokens by local expert (after the dispatching all-to-all and the expert-TP
+    gather), or back by source rank before the combine, and the same for their gradients: Megatron-Core's
+    all-to-all dispatcher calls ``sort_chunks_by_idxs`` in ``dispatch_postprocess`` and ``combine_preprocess``
+    whenever a rank holds more than one expert (``num_local_experts > 1``); Transformer Engine's
+    ``moe_sort_chunks_by_index`` gathers every routed token's row into a new tensor."""
+    moe = graph.model.moe
+    if moe is None or layout.ep.size == 1 or moe.num_experts // layout.ep.size <= 1:
+        return
+    gathered = _gathers_after_dispatch(layout)
+    tokens = _tokens(layout) // (layout.tp.size if _dispatches_own_shard(layout) and not gathered else 1)
+    size = _routed_bytes(layout, graph, tokens)
+    phase = "bwd" if name.endswith(".bwd") else "fwd"
+    b.compute(Op(name=name, kind="memory", phase=phase, read_bytes=size, write_bytes=size))
+
+
+def _emit_fp8_padding(b: _Builder, op: Op, layout: Layout, name: str, side: str) -> None:
+    """In FP8, Transformer Engine's grouped experts pad each expert's tokens to a multiple of 16 before the first
+    GEMM and strip the padding after the last (Megatron-Core ``TEGroupedMLP``: ``Fp8Padding``/``Fp8Unpadding``,
+    which copy the whole tensor unless every count is aligned; ``moe_router_padding_for_fp8``, off by default,
+    would align them in the router instead), and the backward does the same to the gradients: one 16-bit copy of
+    the routed tokens at ``op``'s ``input`` (m×k) or ``output`` (m×n)."""
+    if not (fp8_gemm(op, layout) and is_expert_gemm(op)):
+        return
+    size = float(ACT_BYTES * op.batch * op.m * (op.k if side == "input" else op.n))
+    phase = "bwd" if name.endswith(".bwd") else "fwd"
+    b.compute(Op(name=name, kind="memory", phase=phase, read_bytes=size, write_bytes=size))
+
+
 # What selective recomputation re-runs besides a fused attention core: the unfused core's score product, softmax,
 # softmax dropout and context product (Korthikanti et al. 2022, Sec. 5), not the residual dropout-add after the
 # output projection. cost.memory drops the same tensors.
@@ -854,8 +889,12 @@ def _emit_backward(
             b.comm(_a2a(layout, graph, f"{block}.combine.bwd"))
             if gathered:  # the gradient of the combine's reduce-scatter
                 b.comm(_expert_tp_comm(layout, graph, f"{block}.combine.bwd", "all_gather"))
+            _emit_sort_chunks(b, layout, graph, "moe.sort_chunks_back.bwd")
             continue
+        if op.name == "moe.experts.down.dgrad":
+            _emit_fp8_padding(b, op, layout, "moe.fp8_unpad.bwd", "input")
         if op.name == "moe.permute.bwd" and layout.ep.size > 1:
+            _emit_sort_chunks(b, layout, graph, "moe.sort_chunks.bwd")
             if gathered:  # the gradient of the dispatch's all-gather
                 b.comm(_expert_tp_comm(layout, graph, f"{block}.dispatch.bwd", "reduce_scatter"))
             b.comm(_a2a(layout, graph, f"{block}.dispatch.bwd"))
@@ -869,6 +908,8 @@ def _emit_backward(
             if ag is not None:
                 b.comm(ag, join=2)  # joined by the weight-gradient GEMM right after the dgrad
         _emit_compute(b, op, layout)
+        if op.name == "moe.experts.up.dgrad":
+            _emit_fp8_padding(b, op, layout, "moe.fp8_pad.bwd", "output")
         end = ends.get(op.name)
         if end is not None:
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}.bwd")

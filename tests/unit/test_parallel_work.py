@@ -918,3 +918,49 @@ def test_all_gather_dispatcher_keeps_the_gathered_tokens_of_its_unpermutation() 
     assert a2a.sequence_parallel
     assert local_act_bytes(unpermute, gather) == unpermute.act_bytes
     assert local_act_bytes(unpermute, a2a) == pytest.approx(unpermute.act_bytes / 2)
+
+
+def _compute_names(plan: PlanSpec) -> tuple[list[Op], list[Op]]:
+    layout = resolve_layout(MOE, CLUSTER, plan.with_(seq_len=1024))
+    fwd, bwd, _ = build_programs(build_graph(MOE, 1024, 1), layout, (("layer.moe", 1),))
+    ops = [[s.work for s in prog if isinstance(s.work, Op)] for prog in (fwd, bwd)]
+    return ops[0], ops[1]
+
+
+def test_the_all_to_all_dispatcher_sorts_tokens_by_local_expert_and_back() -> None:
+    """Megatron-Core's dispatcher runs sort_chunks_by_idxs after the dispatch and before the combine when a rank
+    holds more than one expert (a copy of every routed token, and of its gradient in the backward); with one
+    expert per rank, or without expert parallelism, there is nothing to sort."""
+    fwd, bwd = _compute_names(_plan(dp=2, ep=2))  # 8 experts, 4 per rank
+    names = [op.name for op in fwd]
+    assert names.index("moe.permute") < names.index("moe.sort_chunks") < names.index("moe.experts.up")
+    assert names.index("moe.experts.down") < names.index("moe.sort_chunks_back") < names.index("moe.unpermute")
+    sort = fwd[names.index("moe.sort_chunks")]
+    routed = 2 * 1024 * 2 * 1024  # 16-bit hidden states of 1,024 tokens x top-2
+    assert (sort.read_bytes, sort.write_bytes) == (routed, routed)
+    assert {op.name for op in bwd} >= {"moe.sort_chunks.bwd", "moe.sort_chunks_back.bwd"}
+    for plan in (_plan(dp=8, ep=8), _plan(dp=2)):  # one expert per rank; no expert parallelism
+        fwd, bwd = _compute_names(plan)
+        assert not [op.name for op in fwd + bwd if "sort_chunks" in op.name]
+
+
+def test_fp8_experts_pad_their_tokens_and_strip_the_padding() -> None:
+    """Transformer Engine's grouped experts copy the routed tokens into 16-aligned groups before the first FP8
+    GEMM and back after the last (Fp8Padding / Fp8Unpadding), and their gradients likewise; not in BF16."""
+    fwd, bwd = _compute_names(_plan(dp=2, ep=2, precision="fp8"))
+    names = [op.name for op in fwd]
+    assert names.index("moe.sort_chunks") < names.index("moe.fp8_pad") < names.index("moe.experts.up")
+    assert names.index("moe.experts.down") < names.index("moe.fp8_unpad") < names.index("moe.sort_chunks_back")
+    up = fwd[names.index("moe.experts.up")]
+    pad = fwd[names.index("moe.fp8_pad")]
+    assert pad.read_bytes == 2 * up.batch * up.m * up.k
+    assert {op.name for op in bwd} >= {"moe.fp8_pad.bwd", "moe.fp8_unpad.bwd"}
+    fwd, bwd = _compute_names(_plan(dp=2, ep=2))
+    assert not [op.name for op in fwd + bwd if "fp8_pad" in op.name or "fp8_unpad" in op.name]
+
+
+def test_the_unpermutation_keeps_no_activation() -> None:
+    """Megatron-Core multiplies the routing probabilities inside the experts, so unpermute saves only its row map
+    (it had been charged a copy of every routed token: 28% of a Qwen3-30B-A3B layer's activations)."""
+    layer = build_graph(MOE, 1024, 1).block("layer.moe")
+    assert next(op for op in layer.forward if op.name == "moe.unpermute").act_bytes == 0

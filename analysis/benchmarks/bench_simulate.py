@@ -63,6 +63,12 @@ def main() -> None:
         f"step {r.step_time_s:.2f} s  [target <= 50 ms]"
     )
 
+    # A sweep's calls differ: a new global batch per call (what a tokens-per-step or batch-size sweep does). The
+    # chunk programs depend on none of it (simulator.parallel.program.program_key) and are shared.
+    batches = iter(range(1536, 1536 + 16 * 10_000, 16))
+    _, distinct = _time(lambda: simulate(gpt3, a100, plan.with_(global_batch=next(batches))), args.repeats)
+    print(f"gpt3-175b same layout, a new global batch each call: median {distinct * 1e3:.1f} ms")
+
     llama = load_model("llama3-405b")
     h100 = load_cluster("dgx-h100")
     plan = PlanSpec(

@@ -368,16 +368,68 @@ def build_programs(
     ``(("embedding", 1), ("layer.dense", 4))``. For schedules other than ``zb_h1`` the weight-gradient
     program is empty and the backward program contains the weight gradients.
     """
-    return _build_cached(graph, layout, blocks)
+    return _build_cached(graph, program_key(layout), blocks, _Unhashed(layout))
 
 
-# Repeat calls of a plan (a what-if loop, the benchmark) reuse its programs; distinct plans never do (the layout
-# holds the whole plan), and one entry holds a chunk's whole program, about 135 kB for Llama 3 70B (4,096 entries
-# grew a 1,024-plan sweep to 460 MB). 256 keep the last few dozen plans' programs and bound the memory.
+@dataclass(frozen=True, slots=True, eq=False)
+class _Unhashed:
+    """Carries the layout into the cached builder without being part of its cache key: every two compare equal
+    and hash alike, so the key is (graph, program_key, blocks)."""
+
+    value: Layout
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Unhashed)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+def program_key(layout: Layout) -> tuple[object, ...]:
+    """Everything of ``layout`` that a chunk's programs depend on (every ``layout.`` read in this module), so that
+    plans differing only in what the programs never read (the global batch and so the micro-batch count, the
+    data-parallel degree outside ZeRO-3, gradient overlap and its alignment, the straggler factor) share them: a
+    sweep over those rebuilt every program (1.4x slower per call). ``tests/unit/test_api_defects.py`` builds
+    programs for layouts with equal keys and checks they are equal."""
+    plan = layout.plan
+    zero3 = plan.zero_stage == 3
+    return (
+        layout.tp,
+        layout.cp,
+        layout.ep,
+        layout.dp if zero3 else layout.dp.size > 1,
+        layout.edp if zero3 else None,
+        layout.pp.size,
+        layout.etp,
+        layout.sequence_parallel,
+        layout.tp_overlap,
+        layout.recompute,
+        layout.expert_load,
+        layout.seq_len,
+        layout.micro_batch,
+        layout.schedule,
+        plan.precision,
+        plan.grad_bytes,
+        plan.zero_stage,
+        plan.cp_comm,
+        plan.recompute_layers,
+        plan.grad_accum_upcast_copy,
+        plan.grad_accum_fusion,
+        plan.fp8_weights,
+    )
+
+
+# One entry holds a chunk's whole program, about 135 kB for Llama 3 70B (4,096 entries grew a 1,024-plan sweep to
+# 460 MB); 256 keep the last few dozen layouts' programs and bound the memory. The layout itself is not part of the
+# key (_Unhashed): the first layout with a key builds the programs every later one with that key shares.
 @lru_cache(maxsize=256)
 def _build_cached(
-    graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...]
+    graph: ModelGraph, key: tuple[object, ...], blocks: tuple[tuple[str, int], ...], layout: _Unhashed
 ) -> tuple[Program, Program, Program]:
+    return _build(graph, layout.value, blocks)
+
+
+def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...]) -> tuple[Program, Program, Program]:
     split_w = layout.schedule == "zb_h1"
     fwd = _Builder()
     bwd = _Builder()

@@ -184,3 +184,33 @@ def test_model_with_rederives_what_replace_would_keep() -> None:
     mixtral = gpt3.with_(moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 4096})
     assert mixtral.moe is not None
     assert mixtral.with_(**{"moe.top_k": 1}).moe.top_k == 1
+
+
+@pytest.mark.parametrize("zero", [0, 1, 3])
+def test_plans_that_differ_only_in_what_programs_never_read_share_them(zero: int) -> None:
+    """The program cache is keyed on program_key(layout), not the whole layout (a sweep over the global batch
+    rebuilt every program). Building afresh for plans with one key gives equal programs, and the cache hits."""
+    from simulator.graph.transformer import build_graph
+    from simulator.parallel.layout import resolve_layout
+    from simulator.parallel.program import _build, build_programs, program_key
+    from simulator.specs import PlanSpec, load_cluster, load_model
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    base = {"tp": 2, "pp": 2, "micro_batch": 1, "vp": 1, "recompute": "selective", "zero_stage": zero}
+    plans = [
+        PlanSpec(**base, dp=4, global_batch=64, grad_overlap=True),  # type: ignore[arg-type]
+        PlanSpec(**base, dp=4, global_batch=256, grad_overlap=False, straggler_factor=1.2),  # type: ignore[arg-type]
+        PlanSpec(**base, dp=4, global_batch=64, grad_overlap=True, align_grad_reduce=False),  # type: ignore[arg-type]
+    ]
+    if zero < 3:
+        plans.append(PlanSpec(**base, dp=16, global_batch=64, grad_overlap=True))  # type: ignore[arg-type]
+    layouts = [resolve_layout(model, cluster, p.with_(seq_len=4096)) for p in plans]
+    assert len({program_key(layout) for layout in layouts}) == 1
+    graph = build_graph(model, 4096, 1)
+    blocks = (("embedding", 1), ("layer.dense", 8))
+    fresh = [_build(graph, layout, blocks) for layout in layouts]
+    assert all(programs == fresh[0] for programs in fresh)
+    assert all(build_programs(graph, layout, blocks) is build_programs(graph, layouts[0], blocks) for layout in layouts)
+    # and a field the programs do read makes a new key
+    other = resolve_layout(model, cluster, plans[0].with_(seq_len=4096, precision="fp16"))
+    assert program_key(other) != program_key(layouts[0])

@@ -171,14 +171,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     model = load_model(args.model, overrides.get("model"))
     cluster = load_cluster(args.cluster, overrides.get("cluster"), overrides.get("device"))
     plan = _plan_from_args(args, overrides.get("plan", {}))
-    try:
-        result = simulate(model, cluster, plan, record=args.trace is not None)
-    except InfeasiblePlanError as err:
-        # A plan that cannot run at all (a degree that does not divide, a precision the GPU lacks) is an answer
-        # like one that does not fit: the same table or JSON document, feasible false with the reason, exit 3.
-        from simulator.run import infeasible_result
-
-        result = infeasible_result(model, cluster, plan, str(err))
+    # A plan that cannot run at all (a degree that does not divide, a precision the GPU lacks) is an answer like
+    # one that does not fit: the same table or JSON document, feasible false with the reason, exit 3.
+    result = simulate(model, cluster, plan, record=args.trace is not None, raise_infeasible=False)
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
         _write_output(args.trace, chrome_trace_json(result.timeline, title=title), "--trace")

@@ -216,6 +216,7 @@ def simulate(
     plan: PlanSpec,
     *,
     record: bool = False,
+    raise_infeasible: bool = True,
 ) -> StepResult:
     """Simulate one training step of ``model`` on ``cluster`` laid out as ``plan``.
 
@@ -223,11 +224,17 @@ def simulate(
 
     Thread-safe (calls from several threads run one at a time); for a parallel sweep use processes.
 
+    With ``raise_infeasible=False`` a plan that cannot run at all is an answer too, as the CLI gives it
+    (``feasible=False``, the reason, no times): what a sweep over layouts wants, with no try/except per plan.
+    Filter on ``feasible`` before ranking by ``step_time_s``: a plan that does not fit in memory still carries
+    the time its step would take if it fitted.
+
     Raises
     ------
     InfeasiblePlanError
-        When the plan cannot run at all (a degree that does not divide, too many GPUs). A plan that runs
-        out of memory is *not* an error: the result has ``feasible=False`` and a reason.
+        When the plan cannot run at all (a degree that does not divide, too many GPUs) and ``raise_infeasible``
+        is true (the default). A plan that runs out of memory is *not* an error: the result has
+        ``feasible=False`` and a reason.
 
     Examples
     --------
@@ -246,7 +253,12 @@ def simulate(
         if not isinstance(value, kind):  # a name or a dict where a spec belongs: say so, not an AttributeError
             raise SpecError(f"simulate: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", fix)
     with _CALL_LOCK, _gc_paused():
-        return _simulate(model, cluster, plan, record)
+        try:
+            return _simulate(model, cluster, plan, record)
+        except InfeasiblePlanError as err:
+            if raise_infeasible:
+                raise
+            return infeasible_result(model, cluster, plan, str(err))
 
 
 # One call at a time per process: the cost models and program caches are shared across calls (that is what makes

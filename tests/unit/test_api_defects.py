@@ -214,3 +214,19 @@ def test_plans_that_differ_only_in_what_programs_never_read_share_them(zero: int
     # and a field the programs do read makes a new key
     other = resolve_layout(model, cluster, plans[0].with_(seq_len=4096, precision="fp16"))
     assert program_key(other) != program_key(layouts[0])
+
+
+def test_a_sweep_can_take_plans_that_cannot_run_as_answers() -> None:
+    """Only the CLI turned InfeasiblePlanError into an answer; a sweep needed its own try/except per plan."""
+    from simulator.errors import InfeasiblePlanError
+    from simulator.run import simulate
+    from simulator.specs import PlanSpec, load_cluster, load_model
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    bad = PlanSpec(tp=3, dp=1, global_batch=8, micro_batch=1)  # 3 does not divide 32 heads
+    with pytest.raises(InfeasiblePlanError, match="'tp' must divide 'heads'"):
+        simulate(model, cluster, bad)
+    answer = simulate(model, cluster, bad, raise_infeasible=False)
+    assert not answer.feasible
+    assert "'tp' must divide 'heads'" in answer.reason
+    assert answer.to_dict()["step_time_s"] is None

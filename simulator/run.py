@@ -115,6 +115,32 @@ class StepResult:
         clean: dict[str, Any] = _finite_or_none(self._mapping())
         return clean
 
+    def to_row(self) -> dict[str, Any]:
+        """One flat row for a sweep's DataFrame (``pd.DataFrame([r.to_row() for r in results])``): the scalars of
+        :meth:`to_dict`, the plan's knobs as ``plan.<knob>``, the breakdown as ``<part>_s``, the free knobs'
+        choices as ``chosen.<knob>``, the peak memory and the bytes over capacity of the worst stage, and the
+        uncalibrated ops joined by spaces. Same stable key order for every result.
+
+        >>> from simulator.specs import load_cluster, load_model, PlanSpec
+        >>> row = simulate(load_model("llama3-8b"), load_cluster("dgx-h100"),
+        ...                PlanSpec(tp=2, dp=4, global_batch=16)).to_row()
+        >>> row["plan.tp"], row["feasible"], "compute_s" in row, row["over_bytes"]
+        (2, True, True, 0.0)
+        """
+        d = self.to_dict()
+        row: dict[str, Any] = {k: d[k] for k in ("model", "cluster", "num_gpus", "feasible", "reason")}
+        row.update({f"plan.{k}": v for k, v in d["plan"].items()})
+        for key in ("step_time_s", "tokens_per_s", "model_flops", "hardware_flops", "mfu", "hfu", "critical_stage"):
+            row[key] = d[key]
+        row.update(d["breakdown"])
+        memory = d["memory"]
+        row["peak_memory_bytes"] = max((m["total_bytes"] for m in memory), default=None)
+        row["over_bytes"] = max((m["over_bytes"] for m in memory), default=None)
+        row.update({f"chosen.{k}": v for k, v in d["chosen"].items()})
+        row["uncalibrated_ops"] = " ".join(d["uncalibrated_ops"])
+        row["calibration"] = d["calibration"]
+        return row
+
     def _mapping(self) -> dict[str, Any]:
         plan = self.plan
         return {

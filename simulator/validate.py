@@ -545,7 +545,8 @@ SEPARATORS = (",", ";", "\t")
 def _separator(text: str) -> str:
     """The field separator: ``,`` as the README specifies, or ``;`` / tab where the header has no comma but
     one of those (spreadsheets export that way in many locales)."""
-    header = text.split("\n", 1)[0]
+    lines = text.splitlines()  # CR-only line endings (older Excel for Mac) end a line too
+    header = lines[0] if lines else ""
     if "," in header:
         return ","
     return next((sep for sep in (";", "\t") if sep in header), ",")
@@ -555,9 +556,11 @@ def _long_row(text: str, sep: str) -> str:
     """Which line has more fields than the header (for the error message)."""
     rows = csv.reader(io.StringIO(text, newline=""), delimiter=sep)
     width = len(next(rows, []))
+    begin = rows.line_num + 1
     for row in rows:
         if len(row) > width:
-            return f"line {rows.line_num} has {len(row)} fields, the header {width}"
+            return f"line {begin} has {len(row)} fields, the header {width}"
+        begin = rows.line_num + 1  # the next record starts after this one's last line (quoted line breaks)
     return f"a row has more fields than the header's {width}"
 
 

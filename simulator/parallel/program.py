@@ -135,8 +135,10 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
 
 def is_expert_gemm(op: Op) -> bool:
     """Whether ``op`` is one of the routed experts' GEMMs (one problem per expert), whose parameters are sharded and
-    reduced over the expert-data-parallel group."""
-    return op.kind == "gemm" and op.batch > 1 and op.name.startswith("moe.experts")
+    reduced over the expert-data-parallel group. By name: sharded over ep = num_experts a rank holds one expert and
+    the op's batch is 1 (testing batch > 1 had counted those experts as dense parameters under ZeRO-3 and left
+    their FP8 padding out)."""
+    return op.kind == "gemm" and op.name.startswith("moe.experts")
 
 
 def expert_load(op: Op, layout: Layout) -> float:
@@ -434,7 +436,9 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
     fwd = _Builder()
     bwd = _Builder()
     wgt = _Builder()
-    zero3 = layout.plan.zero_stage == 3 and layout.dp.size > 1
+    # ZeRO-3 shards whatever has a group to shard over: the dense parameters over dp, the routed experts over edp
+    # (tp 4 · ep 2 with expert_tp 1 has dp 1 but edp 2: its experts are still gathered and scattered).
+    zero3 = layout.plan.zero_stage == 3 and (layout.dp.size > 1 or layout.edp.size > 1)
     moe = graph.model.moe
     experts = moe.num_experts if moe is not None else 0
     top_k = moe.top_k if moe is not None else 1
@@ -478,8 +482,8 @@ def _sharding_groups(dense: float, expert: float, layout: Layout) -> list[tuple[
     gather after the optimizer step): dense parameters are sharded over the data-parallel group, the routed
     experts' over the expert-data-parallel group (Megatron-Core keeps expert parameters in their own buffers,
     reduced and gathered over that group)."""
-    parts = [("", layout.dp, dense)]
-    if expert:
+    parts = [("", layout.dp, dense)] if layout.dp.size > 1 else []
+    if expert and layout.edp.size > 1:
         parts.append(("expert_", layout.edp, expert))
     return parts
 
@@ -870,7 +874,7 @@ def _emit_fp8_padding(b: _Builder, op: Op, layout: Layout, name: str, side: str)
     which copy the whole tensor unless every count is aligned; ``moe_router_padding_for_fp8``, off by default,
     would align them in the router instead), and the backward does the same to the gradients: one 16-bit copy of
     the routed tokens at ``op``'s ``input`` (m×k) or ``output`` (m×n)."""
-    if not (fp8_gemm(op, layout) and is_expert_gemm(op)):
+    if not (fp8_gemm(op, layout) and is_expert_gemm(op)):  # also with one expert per rank (TEGroupedMLP pads)
         return
     size = float(ACT_BYTES * op.batch * op.m * (op.k if side == "input" else op.n))
     phase = "bwd" if name.endswith(".bwd") else "fwd"

@@ -643,3 +643,26 @@ def test_calibrate_names_are_plain_names(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["calibrate", "host", "--device", "cpu", "--name", "../../x", "--out", str(tmp_path)]) == 2
     _check_message(capsys.readouterr().err, ["--name '../../x': must be a plain name"])
     assert not any(tmp_path.iterdir())
+
+
+def test_validate_reads_semicolons_with_cr_only_line_endings(tmp_path: Path) -> None:
+    """Older Excel for Mac saves CR-only line endings; the header was taken to be the whole file."""
+    rows = list(csv.reader(io.StringIO("\n".join(_first_runs(1)) + "\n")))
+    out = io.StringIO()
+    csv.writer(out, delimiter=";", lineterminator="\r").writerows(rows)
+    path = tmp_path / "runs.csv"
+    path.write_text(out.getvalue(), newline="")
+    assert main(["validate", str(path), "--format", "json"]) == 0
+
+
+def test_a_long_row_is_named_by_the_line_it_starts_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record with quoted line breaks was named by its last line."""
+    header, first = _first_runs(1)
+    cells = next(csv.reader([first]))
+    cells[cells.index(next(c for c in cells if c.startswith("S0")))] = "a\nmulti-line\nsource"
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerow([*cells, "x"])
+    path = tmp_path / "runs.csv"
+    path.write_text(header + "\n" + out.getvalue())
+    assert main(["validate", str(path)]) == 2
+    assert "line 2 has 36 fields" in capsys.readouterr().err

@@ -261,3 +261,15 @@ def test_torch_profiler_reads_the_causal_mask_of_attention_from_a_real_kineto_tr
     assert rows["sdpa_causal_fwd"].flops == pytest.approx(full / 2)
     assert rows["sdpa_causal_bwd"].flops == pytest.approx(2.5 * full / 2)
     assert {compute_class(r) for r in rows.values()} == {"attention_causal", "attention_causal_bwd"}
+
+
+def test_nccl_tests_runs_in_the_order_nccl_tests_prints_them(tmp_path: Path) -> None:
+    """nccl-tests prints "Collective test starting" before the "# nThread" header; the second run had been split
+    off its name ("cannot tell which collective"), or named after the file."""
+    lines = NCCL_OUTPUT.splitlines(keepends=True)
+    real = lines[1] + lines[0] + "".join(lines[2:])  # starting line first
+    second = real.replace("all_reduce_perf", "all_gather_perf").replace("on node-a device  1", "on node-b device  1")
+    path = tmp_path / "all_reduce_perf.log"  # a file name that would mislabel the second run
+    path.write_text(real + second)
+    rows = import_nccl_tests(path)
+    assert [(r.op, r.scope) for r in rows] == [("all_reduce", "domain")] * 2 + [("all_gather", "network")] * 2

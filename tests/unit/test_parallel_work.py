@@ -964,3 +964,28 @@ def test_the_unpermutation_keeps_no_activation() -> None:
     (it had been charged a copy of every routed token: 28% of a Qwen3-30B-A3B layer's activations)."""
     layer = build_graph(MOE, 1024, 1).block("layer.moe")
     assert next(op for op in layer.forward if op.name == "moe.unpermute").act_bytes == 0
+
+
+def test_zero3_with_one_expert_per_rank_still_treats_experts_as_experts() -> None:
+    """Sharded over ep = num_experts a rank holds one expert and its GEMMs have batch 1; the experts were then
+    counted as dense parameters and gathered over dp (5x the bytes). With edp 1 they are not gathered at all, and
+    with dp 1 but edp 2 (expert_tp 1 under tp 4) they are."""
+    full = _comms(MOE, _plan(dp=8, ep=8, zero_stage=3))
+    half = _comms(MOE, _plan(dp=8, ep=4, zero_stage=3))
+
+    def gathered(comms: list[Comm], tag: str) -> float:
+        return sum(c.size_bytes for c in comms if c.name.endswith(f".{tag}param_all_gather"))
+
+    assert gathered(full, "") == gathered(half, "")  # the dense part only, both ways
+    assert gathered(full, "expert_") == 0
+    assert gathered(half, "expert_") > 0
+    folded = _comms(MOE, _plan(tp=4, ep=2, expert_tp=1, zero_stage=3))
+    assert gathered(folded, "expert_") > 0
+    assert gathered(folded, "") == 0  # dp 1: nothing dense to gather
+
+
+def test_fp8_padding_also_with_one_expert_per_rank() -> None:
+    """Transformer Engine's grouped experts pad in FP8 however many experts a rank holds."""
+    fwd, _ = _compute_names(_plan(dp=8, ep=8, precision="fp8"))
+    assert {"moe.fp8_pad", "moe.fp8_unpad"} <= {op.name for op in fwd}
+    assert not [op.name for op in fwd if "sort_chunks" in op.name]  # one expert: nothing to sort

@@ -106,7 +106,9 @@ def import_nccl_tests(
         if stripped.startswith("#"):
             m = re.search(r"nThread\s+(\d+)\s+nGpus\s+(\d+)", stripped)
             if m:
-                if run.data or run.rank_lines or run.seen_header:
+                # nccl-tests prints "Collective test starting" before this header: a run that has no rank or
+                # data line yet is the one that line opened.
+                if run.data or run.rank_lines:
                     run = _Run()
                     runs.append(run)
                 run.seen_header = True
@@ -120,8 +122,8 @@ def import_nccl_tests(
                 run.gpu_name = m.group(2).strip()
             m = re.search(r"Collective test starting:\s*(\S+)", stripped)
             if m:
-                if run.data:  # a second test in one run block: its own run
-                    run = _Run(n_threads=run.n_threads, n_gpus=run.n_gpus, seen_header=True)
+                if run.data or run.rank_lines:  # the next test of the log: its own run
+                    run = _Run()
                     runs.append(run)
                 run.detected = _collective_from(m.group(1))
             continue

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 from simulator import __version__
 from simulator.errors import CalibrationError, InfeasiblePlanError, SimulatorError, SpecError
 from simulator.specs._fields import check_count
+from simulator.specs.plan import AUTO
 from simulator.units import GIB, fmt_knob, fmt_seconds
 
 __all__ = ["main", "main_entry"]
@@ -146,10 +147,22 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
     # straggler_factor, set with --set plan.KEY=VALUE.
     flags = {key: getattr(args, key, None) for key in (*PlanSpec.field_names(), "gpus")}
     flags = {key: value for key, value in flags.items() if value is not None}
-    # A key given both as its flag and as --set plan.KEY is a contradiction, not a precedence question (a value of
-    # the wrong type, --set plan.tp=abc, is left to the plan reader, which says what is wrong with it).
+
+    # A key given both as its flag and as --set plan.KEY is a contradiction, not a precedence question; 'auto' and
+    # null count as values ('--micro-batch 4 --set plan.micro_batch=auto'), case does not ('bf16' is 'BF16'), and a
+    # value of the wrong type (--set plan.tp=abc) is left to the plan reader, which says what is wrong with it.
+    def same(a: Any, b: Any) -> bool:
+        def norm(v: Any) -> Any:
+            if v is None or (isinstance(v, str) and v.strip().lower() in AUTO):
+                return "auto"
+            return v.strip().lower() if isinstance(v, str) else v
+
+        na, nb = norm(a), norm(b)
+        comparable = "auto" in (na, nb) or type(na) is type(nb)
+        return not comparable or na == nb
+
     for key in sorted(flags.keys() & overrides.keys()):
-        if type(flags[key]) is type(overrides[key]) and flags[key] != overrides[key]:
+        if not same(flags[key], overrides[key]):
             raise SpecError(
                 f"--set plan.{key}",
                 f"says {overrides[key]!r} where the flag for {key} says {flags[key]!r}",
@@ -512,7 +525,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                         "global_batch": ints.get("gpus", ints.get("dp", 1)) * ints.get("micro_batch", 1)
                     }
                     left = [] if "global_batch" in data else ["global_batch"]
-                    given = {k for k, v in data.items() if not (isinstance(v, str) and v.strip().lower() == "auto")}
+                    given = {k for k, v in data.items() if not (isinstance(v, str) and v.strip().lower() in AUTO)}
                     if "dp" not in given and "gpus" not in given:
                         defaults["dp"] = 1
                         left.append("dp or gpus")

@@ -86,7 +86,11 @@ GRAD_DTYPES = ("fp32", "bf16", "fp16")
 CP_COMM = ("p2p", "all_gather", "a2a")
 FREE_KNOBS = ("micro_batch", "vp", "recompute", "grad_overlap")
 
-_AUTO = ("auto", "free", "")
+AUTO = ("auto", "free", "")  # what a plan value may say to leave a knob to the simulator
+# Knobs a plan file may leave to 'auto' besides the free ones: each follows from the rest of the plan (dp from the
+# GPU count, expert_tp from ep and dp, the schedule from vp, sequence parallelism from tp, the gradient dtype
+# from the precision, the sequence length from the model).
+AUTO_DERIVED = ("dp", "expert_tp", "schedule", "sequence_parallel", "grad_dtype", "seq_len")
 
 # How a plan file's training knobs are read and checked; software_stacks.yaml entries use the same rules.
 _KNOB_READERS: dict[str, Any] = {
@@ -332,18 +336,20 @@ class PlanSpec:
     def from_mapping(cls, data: Any, where: str, *, gpus: int | None = None) -> PlanSpec:
         """Build from a parsed plan file (``auto`` or ``null`` leaves a knob free)."""
         f = Fields(data, where)
-        auto = {k for k, v in f.data.items() if isinstance(v, str) and v.strip().lower() in _AUTO}
         defaults = {fl.name: fl.default for fl in fields(cls)}
+        # An unknown key keeps its value, 'auto' or not, so that the key check below names it.
+        auto = {k for k, v in f.data.items() if isinstance(v, str) and v.strip().lower() in AUTO and k in defaults}
         for key in sorted(auto):
-            # 'auto' leaves free what the simulator chooses or derives (the free knobs, dp, and the knobs whose
-            # default depends on the rest of the plan); a fixed-default degree such as tp is not searched, and
-            # reading 'tp: auto' as tp 1 answered a question nobody asked.
-            if key in defaults and key not in FREE_KNOBS and defaults[key] is not None and key != "dp":
+            # 'auto' leaves free what the simulator chooses (the free knobs) or derives from the rest of the plan
+            # (AUTO_DERIVED); a knob with a fixed default is not searched ('tp: auto' had been read as tp 1,
+            # 'recompute_layers: auto' as every layer, 'tp_overlap: auto' as off, none of them reported).
+            if key not in FREE_KNOBS and key not in AUTO_DERIVED:
+                shown = "every layer" if key == "recompute_layers" else repr(defaults[key] or False)
                 raise SpecError(
                     f"{where}: {key}",
                     f"is {f.data[key]!r}, but the simulator does not choose {key} (it chooses "
-                    f"{', '.join(FREE_KNOBS)}; dp follows from the GPU count)",
-                    f"give {key} a value, or leave it out for the default {defaults[key]!r}",
+                    f"{', '.join(FREE_KNOBS)}; it derives {', '.join(AUTO_DERIVED)})",
+                    f"give {key} a value, or leave it out for the default ({shown})",
                 )
         raw = {k: v for k, v in f.data.items() if k not in auto}
         g = Fields(raw, where, keys=(*cls.field_names(), "gpus", "name", "description"))

@@ -602,6 +602,11 @@ def test_validate_reads_a_pipe() -> None:
         # The flag won for gpus and --set won for ep: contradictions are now refused either way.
         (["--gpus", "16", "--set", "plan.gpus=32"], "--set plan.gpus: says 32 where the flag for gpus says 16"),
         (["--gpus", "16", "--tp", "2", "--set", "plan.tp=4"], "--set plan.tp: says 4 where the flag for tp says 2"),
+        # 'auto' contradicts a value too; case does not make a contradiction (see the agreeing case below)
+        (
+            ["--gpus", "8", "--micro-batch", "4", "--set", "plan.micro_batch=auto"],
+            "--set plan.micro_batch: says 'auto'",
+        ),
     ],
 )
 def test_a_knob_given_twice_with_two_values_is_refused(
@@ -611,6 +616,8 @@ def test_a_knob_given_twice_with_two_values_is_refused(
     assert main([*base, *argv]) == 2
     _check_message(capsys.readouterr().err, [fragment, "give the value once"])
     assert main([*base, "--gpus", "16", "--set", "plan.gpus=16", "--format", "json"]) in (0, 3)  # agreeing is fine
+    capsys.readouterr()
+    assert main([*base, "--gpus", "16", "--precision", "bf16", "--set", "plan.precision=BF16"]) in (0, 3)
     capsys.readouterr()
 
 
@@ -625,9 +632,19 @@ def test_a_plan_file_cannot_leave_a_fixed_degree_to_auto(tmp_path: Path, capsys:
     bad = tmp_path / "plan.yaml"
     bad.write_text("tp: auto\nglobal_batch: 32\n")
     assert main(["check", str(bad)]) == 2
-    _check_message(capsys.readouterr().err, ["tp: is 'auto'", "does not choose tp", "default 1"])
+    _check_message(capsys.readouterr().err, ["tp: is 'auto'", "does not choose tp", "the default (1)"])
+    for text, key in (
+        ("recompute: full\nrecompute_layers: auto\n", "recompute_layers"),
+        ("tp_overlap: auto\n", "tp_overlap"),
+    ):
+        bad.write_text(text + "global_batch: 32\n")  # had been read as every layer, and as off, unreported
+        assert main(["check", str(bad)]) == 2
+        _check_message(capsys.readouterr().err, [f"{key}: is 'auto'", f"does not choose {key}"])
+    bad.write_text("micro_bach: auto\nglobal_batch: 32\n")  # a misspelt key set to auto was dropped silently
+    assert main(["check", str(bad)]) == 2
+    _check_message(capsys.readouterr().err, ["micro_bach: unknown key (did you mean 'micro_batch'?)"])
     good = tmp_path / "free.yaml"
-    good.write_text("micro_batch: auto\nrecompute: auto\ndp: auto\nglobal_batch: 32\n")
+    good.write_text("micro_batch: auto\nrecompute: auto\ndp: free\nglobal_batch: 32\n")
     assert main(["check", str(good)]) == 0
     assert "left to the command line: dp or gpus" in capsys.readouterr().out
 

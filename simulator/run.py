@@ -40,7 +40,7 @@ from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import list_names, load_calibration
 from simulator.specs.model import ModelSpec
-from simulator.specs.plan import PlanSpec
+from simulator.specs.plan import FREE_KNOBS, PlanSpec
 from simulator.units import fmt_bytes
 
 __all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "infeasible_result", "simulate"]
@@ -132,11 +132,13 @@ class StepResult:
         row.update({f"plan.{k}": v for k, v in d["plan"].items()})
         for key in ("step_time_s", "tokens_per_s", "model_flops", "hardware_flops", "mfu", "hfu", "critical_stage"):
             row[key] = d[key]
-        row.update(d["breakdown"])
+        row.update({key: d["breakdown"].get(key) for key in BREAKDOWN_KEYS})  # None where a plan has no times
         memory = d["memory"]
         row["peak_memory_bytes"] = max((m["total_bytes"] for m in memory), default=None)
         row["over_bytes"] = max((m["over_bytes"] for m in memory), default=None)
-        row.update({f"chosen.{k}": v for k, v in d["chosen"].items()})
+        # Every knob the search may choose, None where this plan fixed it or was never searched, so that every
+        # row has the same columns in the same order whatever the first result of a sweep was.
+        row.update({f"chosen.{k}": d["chosen"].get(k) for k in CHOSEN_KEYS})
         row["uncalibrated_ops"] = " ".join(d["uncalibrated_ops"])
         row["calibration"] = d["calibration"]
         return row
@@ -164,6 +166,23 @@ class StepResult:
             "calibration": self.calibration,
             "launch_overhead_us": self.launch_overhead_us,
         }
+
+
+# The columns of StepResult.to_row: the breakdown's parts (engine.pipeline.StageTimes.as_dict) and the knobs a
+# result's `chosen` may name (the free knobs, the partial recomputation the search may pick, and expert_tp where
+# MoE parallel folding was the only way to place ep).
+BREAKDOWN_KEYS = (
+    "compute_s",
+    "tp_exposed_s",
+    "cp_exposed_s",
+    "ep_exposed_s",
+    "host_exposed_s",
+    "pp_exposed_s",
+    "dp_exposed_s",
+    "bubble_s",
+    "optimizer_s",
+)
+CHOSEN_KEYS = (*FREE_KNOBS, "recompute_layers", "expert_tp")
 
 
 def _finite_or_none(value: Any) -> Any:

@@ -193,6 +193,8 @@ def monotone_time(
     >>> [round(y, 4) for y in monotone_time((0.0, 1.0), (0.1, 1.0), 10.0)]
     [0.1, 1.0]
     """
+    if any(not (math.isfinite(y) and y > 0) for y in ys) or any(w <= 0 for w in weights or ()):
+        raise ValueError("monotone_time needs finite efficiencies > 0 and weights > 0")  # _binned gives such
     logb = math.log(base)
     times = [x * logb - math.log(y) for x, y in zip(xs, ys, strict=True)]
     blocks: list[list[float]] = []  # [weighted sum of log times, weight, points] of each pooled run, left to right

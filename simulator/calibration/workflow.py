@@ -97,7 +97,7 @@ def _one_device(rows: list[Measurement], only_device: Sequence[str]) -> list[Mea
     holds A100 and H100 profiles) would average their speeds into a curve neither device has, so that is an
     error unless ``only_device`` picks the names it goes by. Rows that name no device count as the device's own."""
     if only_device:
-        kept = [r for r in rows if r.device in only_device]
+        kept = [r for r in rows if r.device in only_device or not r.device]
         have = sorted({r.device or "(none)" for r in rows})
         unknown = [d for d in only_device if d not in have]
         if unknown or not kept:

@@ -292,7 +292,8 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     count_key = "num_local_experts" if data.get("num_local_experts") else "num_experts"
     f.used.update(("num_local_experts", "num_experts"))
     if not data.get(count_key):
-        if model_type in _MOE_TYPES and count_key not in data and "num_local_experts" not in data:
+        absent = data.get("num_local_experts") is None and data.get("num_experts") is None  # missing or null
+        if model_type in _MOE_TYPES and absent:
             # Mixtral's and Qwen-MoE's configs always carry the count; without it this would import the model
             # as a dense one of another size.
             key = "num_local_experts" if model_type == "mixtral" else "num_experts"

@@ -230,3 +230,22 @@ def test_a_sweep_can_take_plans_that_cannot_run_as_answers() -> None:
     assert not answer.feasible
     assert "'tp' must divide 'heads'" in answer.reason
     assert answer.to_dict()["step_time_s"] is None
+
+
+def test_every_row_has_the_same_columns() -> None:
+    """A free-knob result had 60 columns, a fixed one 55 and an infeasible one 46: a DataFrame's column order
+    depended on which result came first."""
+    from simulator.run import simulate
+    from simulator.specs import PlanSpec, load_cluster, load_model
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    plans = [
+        PlanSpec(tp=2, dp=4, global_batch=16),  # free knobs
+        PlanSpec(tp=2, dp=4, global_batch=16, micro_batch=1, vp=1, recompute="full", grad_overlap=True),  # fixed
+        PlanSpec(tp=1, dp=8, global_batch=16, micro_batch=1, vp=1, recompute="none", grad_overlap=True),  # OOM
+        PlanSpec(tp=3, dp=1, global_batch=8),  # cannot run
+    ]
+    rows = [simulate(model, cluster, p, raise_infeasible=False).to_row() for p in plans]
+    assert len({tuple(row) for row in rows}) == 1
+    assert rows[1]["chosen.micro_batch"] is None
+    assert rows[3]["compute_s"] is None

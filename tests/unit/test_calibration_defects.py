@@ -439,3 +439,15 @@ def test_import_vidur_refuses_a_use_gated_mlp_it_cannot_read(tmp_path: Path) -> 
     path.write_text("\n".join([*lines[:3], ",".join(cells), *lines[4:]]) + "\n")
     with pytest.raises(CalibrationError, match=r"line 4: use_gated_mlp must be True or False .* got 'maybe'"):
         import_vidur_compute(path)
+
+
+def test_only_device_keeps_rows_that_name_no_device(tmp_path: Path) -> None:
+    """Rows without a device count as the device's own, with --only-device as without it."""
+    from simulator.calibration.workflow import fit_files
+    from simulator.specs.library import load_device
+
+    rows = _gemm_rows("H100-SXM5-80GB") + _gemm_rows("")
+    path = measurement_csv(tmp_path / "rows.csv", rows)
+    result = fit_files([path], name="t", device=load_device("H100-SXM5-80GB"), holdout_every=0,
+                       only_device=("H100-SXM5-80GB",))  # fmt: skip
+    assert len(result.rows) == 8

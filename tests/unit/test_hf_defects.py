@@ -330,3 +330,10 @@ def test_a_moe_model_type_without_its_expert_count_is_refused() -> None:
         model_from_hf_config(cfg, "config.json", name="q")
     cfg["num_experts"] = 0  # stated as zero: a dense model, as transformers reads it
     assert model_from_hf_config(cfg, "config.json", name="q").moe is None
+
+
+def test_a_moe_model_type_with_a_null_expert_count_is_refused() -> None:
+    cfg = json.loads((Path(__file__).parents[1] / "data" / "hf" / "qwen3-30b-a3b.json").read_text())
+    cfg["num_experts"] = None
+    with pytest.raises(SpecError, match="num_experts: is required for model_type 'qwen3_moe'"):
+        model_from_hf_config(cfg, "config.json", name="q")

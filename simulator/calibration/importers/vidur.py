@@ -60,7 +60,7 @@ def _layer(row: pd.Series) -> tuple[int, int, int, int, int, int, int, bool]:
     kv = int(row["n_kv_head"])
     f = int(row["n_expanded_embd"])
     t = int(row["num_tensor_parallel_workers"])
-    return m, h, a, kv, f, t, h // a, str(row["use_gated_mlp"]).lower() == "true"
+    return m, h, a, kv, f, t, h // a, str(row["use_gated_mlp"]).strip().lower() == "true"  # checked on import
 
 
 def _gemm_shape(op: str, row: pd.Series) -> tuple[int, int, int] | None:

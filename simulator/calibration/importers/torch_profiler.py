@@ -186,6 +186,8 @@ def _classify(op: dict[str, Any]) -> dict[str, Any] | None:
         skv = kv[2]
         prefix, at = _ATTN[name]
         concrete = args.get("Concrete Inputs")
+        if name == "aten::_scaled_dot_product_cudnn_attention" and isinstance(concrete, list) and len(concrete) < 9:
+            at = 4  # PyTorch before 2.5: (query, key, value, dropout_p, is_causal, ...), no attn_bias or lse flag
         causal = isinstance(concrete, list) and len(concrete) > at and str(concrete[at]).lower() == "true"
         # The papers' and the graph's convention: a causal mask halves the FLOPs the kernel executes.
         flops = 4.0 * nb * nh * sq * skv * hd * (2.5 if backward else 1.0) * (0.5 if causal else 1.0)

@@ -262,6 +262,7 @@ def simulate(
     *,
     record: bool = False,
     raise_infeasible: bool = True,
+    time_oom: bool = True,
 ) -> StepResult:
     """Simulate one training step of ``model`` on ``cluster`` laid out as ``plan``.
 
@@ -269,7 +270,10 @@ def simulate(
 
     Thread-safe (calls from several threads run one at a time); for a parallel sweep use processes.
 
-    With ``raise_infeasible=False`` a plan that cannot run at all is an answer too, as the CLI gives it
+    With ``time_oom=False`` a plan that does not fit in memory is answered from the memory model alone (the
+    stage and bytes over, no times), about a hundred times faster than timing the step it cannot run: what a
+    sweep over many layouts that mostly do not fit wants. With ``raise_infeasible=False`` a plan that cannot run
+    at all is an answer too, as the CLI gives it
     (``feasible=False``, the reason, no times): what a sweep over layouts wants, with no try/except per plan.
     Filter on ``feasible`` before ranking by ``step_time_s``: a plan that does not fit in memory still carries
     the time its step would take if it fitted.
@@ -299,7 +303,7 @@ def simulate(
             raise SpecError(f"simulate: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", fix)
     with _CALL_LOCK, _gc_paused():
         try:
-            return _simulate(model, cluster, plan, record)
+            return _simulate(model, cluster, plan, record, time_oom)
         except InfeasiblePlanError as err:
             if raise_infeasible:
                 raise
@@ -331,7 +335,9 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool) -> StepResult:
+def _simulate(
+    model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool, time_oom: bool = True
+) -> StepResult:
     seq_len = plan.seq_len or model.seq_len
     plan = replace(plan, seq_len=seq_len)
     vocab = plan.padded_vocab(model.vocab)
@@ -341,7 +347,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
     plan.check_model_layers(model.layers)  # knobs that count layers: a typo beyond the model is bad input
     _check_precision(cluster, plan)  # once, before any candidate: they all share the precision
     if not plan.free_knobs:
-        return _run(model, cluster, plan, record, {})
+        return _run(model, cluster, plan, record, {}, time_oom)
     # Every candidate is prepared (memory, durations) first, which is cheap; the engine then runs them in
     # the order of a lower bound on their step time and skips those whose bound cannot beat the fastest
     # found so far. The choice is the same as running every candidate (ties go to the earlier candidate).
@@ -387,7 +393,7 @@ def _simulate(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bo
     if chosen is fallback:
         # Nothing fits: answer as for a fixed plan that does not fit (the engine still times the step, and
         # ``reason`` says which stage is over by how much), so that recording a trace cannot change the answer.
-        return _run(model, cluster, chosen.plan, record, chosen.chosen)
+        return _run(model, cluster, chosen.plan, record, chosen.chosen, time_oom)
     if record:
         chosen = _run(model, cluster, chosen.plan, True, chosen.chosen)
     return chosen
@@ -634,10 +640,14 @@ def _layout_memory(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> _S
 # -- one fully specified plan ------------------------------------------------------------------------------
 
 
-def _run(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool, chosen: dict[str, Any]) -> StepResult:
-    """Simulate a fully specified plan (out of memory still runs the engine and says so in ``reason``)."""
-    prepared = _prepare(model, cluster, plan, record, chosen)
-    assert isinstance(prepared, _Prepared)  # only memory_only_if_infeasible stops before the engine
+def _run(
+    model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool, chosen: dict[str, Any], time_oom: bool = True
+) -> StepResult:
+    """Simulate a fully specified plan (out of memory still runs the engine and says so in ``reason``, unless
+    ``time_oom`` is false: then the memory model's answer comes back without times)."""
+    prepared = _prepare(model, cluster, plan, record, chosen, memory_only_if_infeasible=not time_oom)
+    if not isinstance(prepared, _Prepared):
+        return prepared  # out of memory, not timed
     return _finish(model, cluster, prepared)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from simulator.parallel.program import (
     build_programs,
     expert_load,
     param_all_gathers,
+    program_key,
     stage_params,
 )
 from simulator.parallel.schedule import Task, generate, schedule_with_in_flight
@@ -598,7 +600,43 @@ def _fold_chunk(
     host: float,
     record: bool,
 ) -> _FoldedChunk:
-    """Time and fold one chunk's programs (the models' uncalibrated sets gain its labels, as for any timing)."""
+    """Time and fold one chunk's programs (the models' uncalibrated sets gain its labels, as for any timing).
+
+    Kept across calls (not when recording a timeline): a sweep's plans that share a chunk's programs and cost
+    models share its folding too, which was half of a repeated call."""
+    key = None
+    if not record:
+        key = (graph, program_key(layout), blocks, id(compute), id(comm), slowdown, host)
+        hit = _FOLDED.get(key)
+        if hit is not None:
+            _FOLDED.move_to_end(key)
+            folded = hit[2]
+            compute.uncalibrated.update(folded.compute_labels)
+            comm.uncalibrated.update(folded.comm_labels)
+            return folded
+    folded = _fold_chunk_now(graph, layout, blocks, compute, comm, slowdown, host, record)
+    if key is not None:
+        _FOLDED[key] = (compute, comm, folded)  # the models held, so that their ids in the key stay theirs
+        if len(_FOLDED) > FOLDED_MAX:
+            _FOLDED.popitem(last=False)
+    return folded
+
+
+# Folded chunks across calls, least recently used out first: bounded like the program cache it mirrors.
+FOLDED_MAX = 256
+_FOLDED: OrderedDict[tuple[Any, ...], tuple[ComputeModel, CommModel, _FoldedChunk]] = OrderedDict()
+
+
+def _fold_chunk_now(
+    graph: ModelGraph,
+    layout: Layout,
+    blocks: tuple[tuple[str, int], ...],
+    compute: ComputeModel,
+    comm: CommModel,
+    slowdown: float,
+    host: float,
+    record: bool,
+) -> _FoldedChunk:
     outer_compute, compute.uncalibrated = compute.uncalibrated, set()
     outer_comm, comm.uncalibrated = comm.uncalibrated, set()
     try:

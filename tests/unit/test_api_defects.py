@@ -98,6 +98,9 @@ def test_shared_experts_need_their_size_in_python_as_in_a_file() -> None:
 def test_caches_stay_bounded_over_many_distinct_plans() -> None:
     """A sweep of 1,024 distinct plans grew to 460 MB: every plan's programs were kept (4,096 entries, no hits)."""
     assert _build_cached.cache_info().maxsize == 256
+    from simulator import run
+
+    assert run.FOLDED_MAX == 256  # folded chunks across calls: one per cached program at most
     from simulator.run import _models
 
     model, _ = _models(A100, "bf16", 1.0)

@@ -614,7 +614,7 @@ def _fold_chunk(
             compute.uncalibrated.update(folded.compute_labels)
             comm.uncalibrated.update(folded.comm_labels)
             return folded
-    folded = _fold_chunk_now(graph, layout, blocks, compute, comm, slowdown, host, record)
+    folded = _fold_programs(build_programs(graph, layout, blocks), layout, compute, comm, slowdown, host, record)
     if key is not None:
         _FOLDED[key] = (compute, comm, folded)  # the models held, so that their ids in the key stay theirs
         if len(_FOLDED) > FOLDED_MAX:
@@ -627,10 +627,9 @@ FOLDED_MAX = 256
 _FOLDED: OrderedDict[tuple[Any, ...], tuple[ComputeModel, CommModel, _FoldedChunk]] = OrderedDict()
 
 
-def _fold_chunk_now(
-    graph: ModelGraph,
+def _fold_programs(
+    programs: tuple[Program, Program, Program],
     layout: Layout,
-    blocks: tuple[tuple[str, int], ...],
     compute: ComputeModel,
     comm: CommModel,
     slowdown: float,
@@ -640,7 +639,6 @@ def _fold_chunk_now(
     outer_compute, compute.uncalibrated = compute.uncalibrated, set()
     outer_comm, comm.uncalibrated = comm.uncalibrated, set()
     try:
-        programs = build_programs(graph, layout, blocks)
         fwd, bwd, wgt = (
             fold(_timed(p, compute, comm), slowdown, host_overhead_s=host, timeline=record) for p in programs
         )

@@ -244,7 +244,9 @@ def _result_table(r: Any) -> str:
     )
     if r.breakdown:
         lines.append("")
-        lines.append(f"time breakdown (critical stage {r.critical_stage})")
+        # An out-of-memory plan's step is timed as if it fitted (what it would take); say so where it is printed.
+        hypothetical = "" if r.feasible else ", if the plan fitted in memory"
+        lines.append(f"time breakdown (critical stage {r.critical_stage}{hypothetical})")
         total = sum(r.breakdown.values()) or 1.0
         for key, value in r.breakdown.items():
             label = key.removesuffix("_s").replace("_", " ")

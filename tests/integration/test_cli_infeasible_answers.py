@@ -135,3 +135,12 @@ def test_out_of_memory_json_says_which_stage_is_over_by_how_much(capsys: pytest.
     over = [m for m in data["memory"] if m["over_bytes"] > 0]
     assert over
     assert all(m["over_bytes"] == m["total_bytes"] - m["capacity_bytes"] for m in over)
+
+
+def test_an_out_of_memory_table_says_its_times_are_hypothetical(capsys: pytest.CaptureFixture[str]) -> None:
+    """The breakdown of a plan that does not fit is what the step would take if it did; the table said so nowhere."""
+    argv = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16"]
+    assert main([*argv, "--micro-batch", "1", "--recompute", "none", "--vp", "1", "--grad-overlap"]) == 3
+    assert "time breakdown (critical stage 0, if the plan fitted in memory)" in capsys.readouterr().out
+    assert main([*argv, "--tp", "8", "--dp", "1"]) == 0
+    assert "time breakdown (critical stage 0)\n" in capsys.readouterr().out

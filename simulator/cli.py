@@ -527,7 +527,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
                         "global_batch": ints.get("gpus", ints.get("dp", 1)) * ints.get("micro_batch", 1)
                     }
                     left = [] if "global_batch" in data else ["global_batch"]
-                    given = {k for k, v in data.items() if not (isinstance(v, str) and v.strip().lower() in AUTO)}
+                    given = {
+                        k
+                        for k, v in data.items()
+                        if v is not None and not (isinstance(v, str) and v.strip().lower() in AUTO)
+                    }
                     if "dp" not in given and "gpus" not in given:
                         defaults["dp"] = 1
                         left.append("dp or gpus")

@@ -728,7 +728,8 @@ def _prepare(
         worst = max(over, key=lambda m: m.over)
         reason = f"out of memory: stage {worst.stage} needs {worst.describe()}; {fmt_bytes(worst.over)} over"
         if memory_only_if_infeasible:
-            return _infeasible_result(model, cluster, plan, memory, reason, chosen)
+            # With the defaults it was sized under written out, as a timed result's plan has them (_as_run).
+            return _infeasible_result(model, cluster, _as_run(plan, layout, model), memory, reason, chosen)
     compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
     # The models are shared across calls; their uncalibrated sets must describe this run only.
     compute.uncalibrated.clear()

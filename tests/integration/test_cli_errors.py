@@ -644,9 +644,10 @@ def test_a_plan_file_cannot_leave_a_fixed_degree_to_auto(tmp_path: Path, capsys:
     assert main(["check", str(bad)]) == 2
     _check_message(capsys.readouterr().err, ["micro_bach: unknown key (did you mean 'micro_batch'?)"])
     good = tmp_path / "free.yaml"
-    good.write_text("micro_batch: auto\nrecompute: auto\ndp: free\nglobal_batch: 32\n")
-    assert main(["check", str(good)]) == 0
-    assert "left to the command line: dp or gpus" in capsys.readouterr().out
+    for dp in ("free", "null", "auto"):
+        good.write_text(f"micro_batch: auto\nrecompute: auto\ndp: {dp}\nglobal_batch: 32\n")
+        assert main(["check", str(good)]) == 0
+        assert "left to the command line: dp or gpus" in capsys.readouterr().out
 
 
 def test_hardware_show_suggests_clusters_too(capsys: pytest.CaptureFixture[str]) -> None:

@@ -270,6 +270,7 @@ def test_a_sweep_can_skip_timing_plans_that_do_not_fit() -> None:
         assert not untimed.feasible
         assert untimed.reason == timed.reason
         assert untimed.to_dict()["memory"] == timed.to_dict()["memory"]
+        assert untimed.plan == timed.plan  # the defaults it was sized under written out, as when timed
         assert math.isnan(untimed.step_time_s)
     fits = PlanSpec(tp=8, pp=4, dp=8, global_batch=512)
     assert simulate(model, cluster, fits, time_oom=False).to_dict() == simulate(model, cluster, fits).to_dict()

@@ -610,35 +610,11 @@ def _fold_chunk(
         hit = _FOLDED.get(key)
         if hit is not None:
             _FOLDED.move_to_end(key)
-            folded = hit[2]
-            compute.uncalibrated.update(folded.compute_labels)
-            comm.uncalibrated.update(folded.comm_labels)
-            return folded
-    folded = _fold_programs(build_programs(graph, layout, blocks), layout, compute, comm, slowdown, host, record)
-    if key is not None:
-        _FOLDED[key] = (compute, comm, folded)  # the models held, so that their ids in the key stay theirs
-        if len(_FOLDED) > FOLDED_MAX:
-            _FOLDED.popitem(last=False)
-    return folded
-
-
-# Folded chunks across calls, least recently used out first: bounded like the program cache it mirrors.
-FOLDED_MAX = 256
-_FOLDED: OrderedDict[tuple[Any, ...], tuple[ComputeModel, CommModel, _FoldedChunk]] = OrderedDict()
-
-
-def _fold_programs(
-    programs: tuple[Program, Program, Program],
-    layout: Layout,
-    compute: ComputeModel,
-    comm: CommModel,
-    slowdown: float,
-    host: float,
-    record: bool,
-) -> _FoldedChunk:
+            return _reused(hit[2], compute, comm)
     outer_compute, compute.uncalibrated = compute.uncalibrated, set()
     outer_comm, comm.uncalibrated = comm.uncalibrated, set()
     try:
+        programs = build_programs(graph, layout, blocks)
         fwd, bwd, wgt = (
             fold(_timed(p, compute, comm), slowdown, host_overhead_s=host, timeline=record) for p in programs
         )
@@ -647,7 +623,24 @@ def _fold_programs(
     finally:
         compute.uncalibrated = outer_compute | compute.uncalibrated
         comm.uncalibrated = outer_comm | comm.uncalibrated
-    return _FoldedChunk(fwd, bwd, wgt, flops, *labels)
+    folded = _FoldedChunk(fwd, bwd, wgt, flops, *labels)
+    if key is not None:
+        _FOLDED[key] = (compute, comm, folded)  # the models held, so that their ids in the key stay theirs
+        if len(_FOLDED) > FOLDED_MAX:
+            _FOLDED.popitem(last=False)
+    return folded
+
+
+def _reused(folded: _FoldedChunk, compute: ComputeModel, comm: CommModel) -> _FoldedChunk:
+    """``folded``, timed for an earlier plan or call: its uncalibrated labels count for this one too."""
+    compute.uncalibrated.update(folded.compute_labels)
+    comm.uncalibrated.update(folded.comm_labels)
+    return folded
+
+
+# Folded chunks across calls, least recently used out first: bounded like the program cache it mirrors.
+FOLDED_MAX = 256
+_FOLDED: OrderedDict[tuple[Any, ...], tuple[ComputeModel, CommModel, _FoldedChunk]] = OrderedDict()
 
 
 # A plan's layout, graph, pipeline chunks, schedule orders and per-stage memory (_layout_memory).
@@ -804,9 +797,7 @@ def _pipeline_input(
                     graph, layout, chunk.blocks, compute, comm, slowdown, host, record
                 )
             else:
-                # Timed for an earlier plan: its uncalibrated labels count for this one too.
-                compute.uncalibrated.update(folded.compute_labels)
-                comm.uncalibrated.update(folded.comm_labels)
+                _reused(folded, compute, comm)
             fwd.append(folded.fwd)
             bwd.append(folded.bwd)
             wgt.append(folded.wgt)

@@ -552,27 +552,17 @@ def _separator(text: str) -> str:
     return next((sep for sep in (";", "\t") if sep in header), ",")
 
 
-def _long_row(text: str, sep: str) -> str:
-    """Which line has more fields than the header (for the error message)."""
-    rows = csv.reader(io.StringIO(text, newline=""), delimiter=sep)
-    width = len(next(rows, []))
-    begin = rows.line_num + 1
-    for row in rows:
-        if len(row) > width:
-            return f"line {begin} has {len(row)} fields, the header {width}"
-        begin = rows.line_num + 1  # the next record starts after this one's last line (quoted line breaks)
-    return f"a row has more fields than the header's {width}"
-
-
 def _width(line: str, sep: str) -> int:
     """How many fields ``line`` has when it is split at ``sep``."""
     return len(next(csv.reader([line], delimiter=sep), []))
 
 
-def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int]]:
-    """The header's names and the line each non-blank record starts on (as pandas reads them: blank lines
-    skipped, a quoted line break kept inside its cell). Raises SpecError for a file whose header and rows use
-    different separators (a short row that another separator would split into the header's width)."""
+def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int], str]:
+    """The header's names, the line each non-blank record starts on (as pandas reads them: blank lines skipped, a
+    quoted line break kept inside its cell), and what is wrong where the first record is longer than the header
+    (for the error pandas raises then). Raises SpecError for a file whose header and rows use different separators
+    (a short row that another separator would split into the header's width)."""
+    long = ""
     try:
         reader = csv.reader(io.StringIO(text, newline=""), delimiter=sep)
         header = next(reader, [])
@@ -580,6 +570,8 @@ def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int]]:
         begin = reader.line_num + 1
         for record in reader:
             if record:
+                if len(record) > len(header) and not long:
+                    long = f"line {begin} has {len(record)} fields, the header {len(header)}"
                 if len(record) < len(header):
                     line = sep.join(record)
                     other = next((o for o in SEPARATORS if o != sep and _width(line, o) >= len(header)), None)
@@ -592,8 +584,8 @@ def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int]]:
                 starts.append(begin)
             begin = reader.line_num + 1
     except csv.Error:
-        return [], []  # read_csv reports what is wrong with the file
-    return header, starts
+        return [], [], "a row has more fields than the header"  # read_csv reports what else is wrong
+    return header, starts, long or f"a row has more fields than the header's {len(header)}"
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -616,14 +608,14 @@ def validate_file(
     data = _read_bytes(path)
     text = data.decode("utf-8-sig", errors="replace")
     sep = _separator(text)
-    header, lines = _records(path, text, sep)
+    header, lines, long_row = _records(path, text, sep)
     try:
         with warnings.catch_warnings():
             # Rows longer than the header would otherwise turn the first column(s) into the index, silently.
             warnings.simplefilter("error", pd.errors.ParserWarning)
             frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, sep=sep, index_col=False)
     except pd.errors.ParserWarning:
-        raise SpecError(str(path), _long_row(text, sep), "quote cells that contain the separator") from None
+        raise SpecError(str(path), long_row, "quote cells that contain the separator") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as err:
         detail = " ".join(str(err).replace("Error tokenizing data. C error: ", "").split())
         raise SpecError(

@@ -852,6 +852,12 @@ def _expert_tp_comm(layout: Layout, graph: ModelGraph, tag: str, collective: str
     return Comm(f"{tag}.{collective}", collective, layout.tp, _routed_bytes(layout, graph, _tokens(layout)), "tp")
 
 
+def _copy(name: str, size: float) -> Op:
+    """A kernel that reads ``size`` bytes and writes as many (a gather or pad copy), backward when ``name`` says."""
+    phase = "bwd" if name.endswith(".bwd") else "fwd"
+    return Op(name=name, kind="memory", phase=phase, read_bytes=size, write_bytes=size)
+
+
 def _emit_sort_chunks(b: _Builder, layout: Layout, graph: ModelGraph, name: str) -> None:
     """The copy that sorts the dispatched tokens by local expert (after the dispatching all-to-all and the expert-TP
     gather), or back by source rank before the combine, and the same for their gradients: Megatron-Core's
@@ -864,8 +870,7 @@ def _emit_sort_chunks(b: _Builder, layout: Layout, graph: ModelGraph, name: str)
     gathered = _gathers_after_dispatch(layout)
     tokens = _tokens(layout) // (layout.tp.size if _dispatches_own_shard(layout) and not gathered else 1)
     size = _routed_bytes(layout, graph, tokens)
-    phase = "bwd" if name.endswith(".bwd") else "fwd"
-    b.compute(Op(name=name, kind="memory", phase=phase, read_bytes=size, write_bytes=size))
+    b.compute(_copy(name, size))
 
 
 def _emit_fp8_padding(b: _Builder, op: Op, layout: Layout, name: str, side: str) -> None:
@@ -877,8 +882,7 @@ def _emit_fp8_padding(b: _Builder, op: Op, layout: Layout, name: str, side: str)
     if not (fp8_gemm(op, layout) and is_expert_gemm(op)):  # also with one expert per rank (TEGroupedMLP pads)
         return
     size = float(ACT_BYTES * op.batch * op.m * (op.k if side == "input" else op.n))
-    phase = "bwd" if name.endswith(".bwd") else "fwd"
-    b.compute(Op(name=name, kind="memory", phase=phase, read_bytes=size, write_bytes=size))
+    b.compute(_copy(name, size))
 
 
 # What selective recomputation re-runs besides a fused attention core: the unfused core's score product, softmax,

@@ -111,7 +111,6 @@ def import_nccl_tests(
                 if run.data or run.rank_lines:
                     run = _Run()
                     runs.append(run)
-                run.seen_header = True
                 run.n_threads, run.n_gpus = int(m.group(1)), int(m.group(2))
             m = re.search(
                 r"Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*)$", stripped
@@ -160,7 +159,6 @@ class _Run:
 
     n_threads: int = 1
     n_gpus: int = 1
-    seen_header: bool = False
     rank_lines: int = 0
     hosts: set[str] = field(default_factory=set)
     gpu_name: str = ""

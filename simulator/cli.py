@@ -127,7 +127,8 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SCOPE.KEY=VALUE",
-        help="what-if override of a model, cluster, device or plan key, e.g. cluster.nics_per_node=4",
+        help="what-if override of a key of the model, cluster, device or plan (SCOPE is model, cluster, device or "
+        "plan; repeatable), e.g. cluster.nic_bandwidth_gbit_per_s=800 or device.hbm_gib=76",
     )
 
 
@@ -612,7 +613,9 @@ def _build_parser() -> _Parser:
     sim.add_argument("--model", required=True, help="built-in model name, model YAML or HF config.json")
     sim.add_argument("--cluster", required=True, help="built-in cluster name or cluster YAML")
     _add_plan_options(sim)
-    sim.add_argument("--format", choices=("table", "json"), default="table")
+    sim.add_argument(
+        "--format", choices=("table", "json"), default="table", help="table (default) or json (every figure as data)"
+    )
     sim.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON here")
     sim.set_defaults(func=_cmd_simulate)
 
@@ -644,7 +647,12 @@ def _build_parser() -> _Parser:
 
     val = sub.add_parser("validate", help="predict measured runs from a CSV and report the error")
     val.add_argument("file", type=Path, help="CSV with the columns of data/validation/README.md")
-    val.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    val.add_argument(
+        "--format",
+        choices=("table", "json", "csv"),
+        default="table",
+        help="table (default), json (summary and rows) or csv (one line per row)",
+    )
     val.add_argument("--out", type=Path, help="also write per-row results as CSV")
     val.add_argument(
         "--strict", action="store_true", help="report rows that do not fit as stated as infeasible (no relaxation)"

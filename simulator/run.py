@@ -804,7 +804,8 @@ def _pipeline_input(
             hw_flops += folded.flops * m
             params.append(stage_params(graph, layout, (chunk,)))
             dense, expert, _, _ = params[-1]
-            buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_params) if zero < 3 else ())
+            chunk_buckets = _chunk_bucket_params(layout, s, chunk.chunk, bucket_params)
+            buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, chunk_buckets) if zero < 3 else ())
         local_dense, local_expert, fp8_dense, fp8_expert = (sum(p[i] for p in params) for i in range(4))
         local_params = local_dense + local_expert
         # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer of dense parameters over dp and
@@ -821,7 +822,10 @@ def _pipeline_input(
             gathers = param_all_gathers(local_dense, local_expert, layout, "step", (fp8_dense, fp8_expert))
             param_gather_s = sum(comm.time(c) for c in gathers)
             if layout.grad_overlap:
-                gather_buckets = tuple(_param_gather_buckets(layout, comm, chunk, bucket_params) for chunk in params)
+                gather_buckets = tuple(
+                    _param_gather_buckets(layout, comm, chunk_params, _chunk_bucket_params(layout, s, c, bucket_params))
+                    for c, chunk_params in zip((chunk.chunk for chunk in stage_chunks), params, strict=True)
+                )
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size
@@ -894,8 +898,17 @@ def _hop_send_times(comm: CommModel, pp: Group, size: float, hops: tuple[bool, .
     return tuple(by_link[crosses] for crosses in hops)
 
 
+def _chunk_bucket_params(layout: Layout, stage: int, chunk: int, bucket_params: int) -> float:
+    """Parameters per gradient (and parameter-gather) bucket of model chunk ``chunk`` on pipeline stage ``stage``.
+    Megatron-Core's DDP buckets only where the communication is on the critical path: with overlapped reduction, on
+    the first pipeline stage, for its first model chunk; elsewhere each buffer is one bucket
+    (``distributed_data_parallel.py``: ``bucket_size = None`` when not ``overlap_grad_reduce``, when
+    ``pp_rank > 0``, or with ``disable_bucketing``, which ``training.py`` sets for ``model_chunk_idx > 0``)."""
+    return bucket_params if layout.grad_overlap and stage == 0 and chunk == 0 else math.inf
+
+
 def _grad_buckets(
-    dense: float, expert: float, layout: Layout, comm: CommModel, grad_b: int, bucket_params: int
+    dense: float, expert: float, layout: Layout, comm: CommModel, grad_b: int, bucket_params: float
 ) -> tuple[float, ...]:
     """Reduction time of each gradient bucket of a chunk (all-reduce, or reduce-scatter under ZeRO-1/2)."""
     collective = "all_reduce" if layout.plan.zero_stage == 0 else "reduce_scatter"
@@ -910,13 +923,13 @@ def _grad_buckets(
     return tuple(out)
 
 
-def _bucket_count(params: float, bucket_params: int) -> int:
+def _bucket_count(params: float, bucket_params: float) -> int:
     """How many buckets Megatron-LM's DDP splits ``params`` parameters of one buffer into."""
     return min(max(1, math.ceil(params / bucket_params)), GRAD_BUCKETS_MAX)
 
 
 def _param_gather_buckets(
-    layout: Layout, comm: CommModel, chunk: tuple[float, float, float, float], bucket_params: int
+    layout: Layout, comm: CommModel, chunk: tuple[float, float, float, float], bucket_params: float
 ) -> tuple[float, ...]:
     """Seconds to all-gather each parameter bucket of one chunk under ZeRO-1/2, in the order its first forward needs
     them; ``chunk`` is its (dense, expert, FP8 dense, FP8 expert) local parameters (:func:`stage_params`).

@@ -483,16 +483,21 @@ def default_table(
             [statistics.median(c.at(2.0**g) / bw for c, bw in items) for g in grid],
             2.0,
         )
+        # Stated on a fabric of the sources' median NVLink bandwidth, so that a curve is seconds on a real fabric:
+        # another cluster scales its bandwidth part, while its small messages keep the latency they were measured
+        # with (CommModel._domain_time; NVLink latency does not follow link bandwidth).
+        reference = statistics.median(bw for _, bw in items)
         bands.append(
             BandwidthCurve(
                 collective=collective,
                 scope="domain",
                 ranks=ranks,
                 log2_bytes=tuple(round(g, 4) for g in grid),
-                busbw_bytes_per_s=tuple(sig(f) * GB for f in fractions),
+                busbw_bytes_per_s=tuple(sig(f * reference / GB) * GB for f in fractions),
                 samples=sum(c.samples for c, _ in items),
-                source="fraction of NVLink bandwidth, median of " + ", ".join(sorted({t.name for t, _, _ in measured})),
-                reference_bandwidth_bytes_per_s=1.0 * GB,
+                source=f"median fraction of NVLink bandwidth of {', '.join(sorted({t.name for t, _, _ in measured}))}, "
+                f"at their median NVLink bandwidth",
+                reference_bandwidth_bytes_per_s=reference,
             )
         )
     return CalibrationTable(

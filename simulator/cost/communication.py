@@ -13,8 +13,8 @@ for a group of n ranks and a buffer of S bytes, ``time = factor(n) · S / busbw 
 * across domains, the network: each member brings its share of the node's NICs
   (``nics · nic_bandwidth / gpus_per_node``), so a ring with k members per node reaches k times that
   share, divided by the topology's oversubscription, times the achieved fraction of line rate
-  :data:`NETWORK_EFFICIENCY`; the slower of the two tiers dominates, and each ring step adds the
-  inter-node latency.
+  :data:`NETWORK_EFFICIENCY`; the slower of the two tiers dominates, and the latency is NCCL's tuning model's:
+  steps inside a domain at the NVLink latency, steps between domains at the network's.
 
 All-to-all sends (k−1)/n of its data over NVLink and (n−k)/n over the network, each at its own rate.
 
@@ -22,7 +22,8 @@ Where the cluster has in-switch reduction (NVLink SHARP, ``nvls``), NCCL runs al
 with the NVLS algorithm, whose bus bandwidth beats the ring's by :data:`NVLS_GAIN` (by the number of members in
 the domain). The measured curves of the shipped tables are ring all-reduce (Vidur's DGX H100 peak is 328 GB/s,
 below the ~370 GB/s NCCL's ring reaches on H100 NVLink, so NVLS was off when they were taken), and so is the
-default curve derived from them; the gain is applied on top of them.
+default curve derived from them; the gain is applied on top of them, to the bandwidth part of their time only
+(NCCL runs NVLS with its Simple protocol, never for the small, latency-bound messages).
 """
 
 from __future__ import annotations
@@ -126,11 +127,15 @@ class CommModel:
         return None, 1.0, False
 
     def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
-        return self._domain_rate(collective, ranks, size)[0]
+        bw, _, scale, _, _ = self._domain_rate(collective, ranks, size)
+        return bw * scale
 
-    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float, bool]:
-        """(bus bandwidth at ``size``, the smallest message its curve measured (0 without a curve), whether the
-        curve was measured on this cluster's fabric)."""
+    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float, float, float, bool]:
+        """(bus bandwidth at ``size`` on the fabric the curve was measured on, the curve's plateau there (its
+        largest bus bandwidth), the factor that scales only its *bandwidth* part to this cluster (another fabric's
+        NVLink bandwidth, NVLS, a mesh's share of links), the smallest message it measured (0 without a curve),
+        whether it was measured on this cluster's fabric). The default curves are stated on a fabric of their
+        sources' median NVLink bandwidth (calibration.fit.default_table)."""
         curve, scale, measured = self._domain_curve(collective, ranks)
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
             scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
@@ -140,8 +145,9 @@ class CommModel:
             links = 1 if collective == "send_recv" else min(ranks - 1, self.cluster.nvlink_domain_gpus - 1)
             scale *= links / max(self.cluster.nvlink_domain_gpus - 1, 1)
         if curve is None:
-            return self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY * scale, 0.0, measured
-        return curve.at(size) * scale, 2.0 ** curve.log2_bytes[0], measured
+            bw = self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY
+            return bw, bw, scale, 0.0, measured
+        return curve.at(size), max(curve.busbw_bytes_per_s), scale, 2.0 ** curve.log2_bytes[0], measured
 
     def _network_busbw(self, per_domain: int) -> float:
         c = self.cluster
@@ -164,16 +170,26 @@ class CommModel:
 
     def _domain_time(self, collective: str, n: int, size: float) -> float:
         """Seconds for ``collective`` of ``size`` bytes over ``n`` ranks inside one NVLink domain."""
-        busbw, smallest, measured = self._domain_rate(collective, n, size)
+        busbw, plateau, scale, smallest, measured = self._domain_rate(collective, n, size)
+        factor = bus_factor(collective, n)
         # Below the smallest message the curve measured, a collective takes as long as that message: small
         # ones are latency-bound (Vidur's 8-GPU DGX H100 all-reduce takes 20-38 us from 2 KiB to 90 KiB,
         # data/calibration/vidur/network/h100_dgx/all_reduce.csv), where a flat bandwidth would make a
         # 2 KiB one take 0.5 us.
-        t = bus_factor(collective, n) * max(size, smallest) / busbw
+        t = factor * max(size, smallest) / busbw
+        if scale > 1.0:
+            # Faster (NVLS, a what-if fabric faster than the one measured): the curve's time shrinks by the gain but
+            # never below its smallest message's, all latency, which NCCL's tuning model keeps apart from the
+            # bandwidth (src/graph/tuning.cc; NVLS runs the Simple protocol only, so small messages do not use it).
+            floor = factor * smallest / self._domain_rate(collective, n, smallest)[0] if smallest > 0 else 0.0
+            t = max(t / scale, floor)
+        elif scale < 1.0:
+            # Slower (a mesh's share of links, a slower what-if fabric): the bytes, at the curve's plateau, take
+            # that much longer; the latency does not grow with a narrower link.
+            t += factor * size / plateau * (1.0 / scale - 1.0)
         if not measured:
-            # The default curves are fractions of a measured fabric's bandwidth, so scaling them to another
-            # fabric scales their small-message floor too, which a link's latency does not follow: there the
-            # cluster's per-step NVLink latency bounds the time from below (measured curves include their own).
+            # A default curve's small messages were measured on other fabrics: the cluster's own per-step NVLink
+            # latency bounds the time from below (curves measured on this fabric carry their own).
             t = max(t, _steps(collective, n) * self.cluster.intra_node_latency_s)
         return t
 
@@ -191,10 +207,26 @@ class CommModel:
         busbw = self._network_busbw(k)
         if k > 1:
             busbw = min(busbw, self._domain_busbw(collective, k, size))
-        # NCCL picks a tree for all-reduce when rings get long, so latency grows with log2(n) there
-        # (NCCL 2.4 double binary trees; Sanders et al. 2009). All-gather and reduce-scatter run as rings
-        # only (NCCL before 2.23 has no tree or PAT for them): n-1 steps, each paced by the slowest hop.
-        return bus_factor(collective, n) * size / busbw + _steps(collective, n) * lat
+        return bus_factor(collective, n) * size / busbw + _network_latency(
+            collective, n, k, c.intra_node_latency_s, lat
+        )
+
+
+def _network_latency(collective: str, n: int, k: int, intra: float, inter: float) -> float:
+    """Latency of ``collective`` over ``n`` ranks, ``k`` in each NVLink domain, spanning ``ceil(n / k)`` of them, as
+    NCCL's tuning model counts it (src/graph/tuning.cc): a ring's steps between members of one domain take the
+    NVLink latency and only those between domains the network's (ring all-gather and reduce-scatter: n − 1 steps,
+    of which nodes − 1 cross; ring all-reduce twice both); a double-binary-tree all-reduce (NCCL 2.4; Sanders et
+    al. 2009) takes 2 · ((k − 1) NVLink + log2(nodes) network steps); NCCL picks the faster, here the one with the
+    smaller latency. All-to-all keeps n − 1 network steps."""
+    if collective == "all_to_all":
+        return (n - 1) * inter
+    nodes = max(1, -(-n // max(k, 1)))
+    if collective == "all_reduce":
+        ring = 2 * (n - nodes) * intra + 2 * (nodes - 1) * inter
+        tree = 2 * ((k - 1) * intra + math.ceil(math.log2(nodes)) * inter)
+        return min(ring, tree)
+    return (n - nodes) * intra + (nodes - 1) * inter
 
 
 def _steps(collective: str, n: int) -> int:

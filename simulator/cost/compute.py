@@ -29,6 +29,7 @@ from simulator.specs.calibration import (
     ATTENTION_CLASSES,
     CAUSAL,
     GEMM_BACKWARD_CLASSES,
+    MEMORY_CLASSES,
     CalibrationTable,
     EfficiencyCurve,
 )
@@ -93,6 +94,28 @@ class ComputeModel:
     # the same labels as a miss (the set below then describes only the ops timed since it was last cleared).
     _cache: dict[tuple[object, ...], tuple[float, frozenset[str]]] = field(default_factory=dict, repr=False)
     uncalibrated: set[str] = field(default_factory=set, repr=False)
+    _floor: float | None = field(default=None, repr=False)
+
+    @property
+    def floor_s(self) -> float:
+        """The shortest kernel time the calibration saw on this device: the least time any curve of its table
+        (else of the default table) starts at. A curve holds its smallest point's efficiency below it, so time
+        falls with size there; this floor stops it at what a kernel was measured to take at least (launch and
+        ramp-up latency), without holding, say, an attention curve that starts at 100 µs kernels at 100 µs."""
+        if self._floor is None:
+            table = self.table if self.table is not None and self.table.compute else self.default
+            self._floor = min((self._first_point_s(c) for c in table.compute), default=0.0) if table else 0.0
+        return self._floor
+
+    def _first_point_s(self, curve: EfficiencyCurve) -> float:
+        """Seconds of a kernel at ``curve``'s smallest measured size."""
+        x = float(10.0 ** curve.log10_size[0]) / curve.efficiency[0]
+        if curve.axis == "ideal_seconds":
+            return x
+        base = curve.op.removesuffix("_bwd")
+        if base in MEMORY_CLASSES:
+            return x / self.device.hbm_bandwidth_bytes_per_s
+        return x / self.device.peak(curve.precision if curve.precision in ("fp16", "bf16", "fp8") else "bf16")
 
     @property
     def _sustained(self) -> float:
@@ -202,6 +225,8 @@ class ComputeModel:
             outer, self.uncalibrated = self.uncalibrated, set()
             try:
                 seconds = self._time(op, precision, cls)
+                if seconds > 0:
+                    seconds = max(seconds, self.floor_s)
             finally:
                 labels, self.uncalibrated = frozenset(self.uncalibrated), outer
             cached = (seconds, labels)
@@ -219,12 +244,15 @@ class ComputeModel:
             size = op.bytes
             if size <= 0:
                 return 0.0
+            # Reported under the class whose curve timed it (norm, rope, ...), "memory" only for the generic one.
+            label = cls
             curve, calibrated = self._measured_backward(op, cls, precision)
             if curve is None:
                 curve, calibrated = self._curve(cls, precision)
             if curve is None:
                 curve, calibrated = self._curve("memory", precision)
-            eff = self._efficiency(curve, calibrated, "memory", "memory", size, hbm)
+                label = "memory"
+            eff = self._efficiency(curve, calibrated, "memory", label, size, hbm)
             return size / (hbm * eff)
         flops = op.flops
         if flops <= 0:

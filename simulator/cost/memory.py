@@ -17,7 +17,9 @@ Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
 * buffers: transient tensors that live outside the saved activations (the 16-bit logits before the fp32
   cross-entropy on the last stage; under ZeRO-3 the gathered parameters of the current and the
   prefetched layer; with ``grad_accum_upcast_copy`` the cast copy of the largest operator's gradient) and a
-  fixed per-process reserve for the CUDA context, library workspaces and NCCL buffers (:data:`RESERVED_BYTES`).
+  fixed per-process reserve for the CUDA context, library workspaces and NCCL buffers (:data:`RESERVED_BYTES`);
+  with 16-bit gradients, what the optimizer step's fp32 copy of the gradient shard needs beyond the backward's
+  peak (that phase holds no activations).
 
 Parameters of experts are counted once per expert-parallel rank; ZeRO divides them over the
 expert-data-parallel group instead of the whole data-parallel group.
@@ -150,6 +152,13 @@ def _chunk_activations(
             # the s² softmax and dropout tensors (unfused) or the fp32 log-sum-exp (fused), and its own copy of
             # its output (all-gather or all-to-all context parallelism, FP8 runs).
             dropped = sum(local_act_bytes(op, layout) for op in ops if op.name in ("attn.softmax", "attn.dropout"))
+            model = graph.model
+            if model.kv_heads != model.heads:
+                # The unfused products keep K and V expanded to every query head, but Megatron-Core expands them
+                # (repeat_interleave) inside the checkpointed core, so only Q, K and V as they came in are saved:
+                # (heads + 2 kv_heads) head widths per token instead of 3 heads (tp divides both head counts).
+                expanded = sum(local_act_bytes(op, layout) for op in ops if op.name in ("attn.scores", "attn.context"))
+                dropped += expanded * (1.0 - (model.heads + 2 * model.kv_heads) / (3 * model.heads))
             # Per rank the attention core has ceil(heads/tp) heads and ceil(seq_q/cp) queries (shard_op).
             dropped += sum(
                 4.0 * op.batch * -(-op.heads // tp) * -(-op.seq_q // cp) + attention_output_copy_bytes(op, layout)
@@ -226,6 +235,15 @@ def stage_memory(
             local_params(op, layout) for c in chunks for name, _ in c.blocks for op in graph.block(name).forward
         )
         buffers += plan.grad_bytes * tensor
+    if plan.grad_bytes < 4:
+        # The optimizer step: with 16-bit gradients the fp32 master weights receive an fp32 copy of their
+        # gradient shard (Megatron-Core optimizer.py, _copy_model_grads_to_main_grads: main_param.grad =
+        # main_grad.float(), on the distributed optimizer's shard; DeepSpeed's FP16_Optimizer flattens
+        # p.grad.to(fp32) likewise), held until the step ends, while no activations are. That phase peaks at
+        # weights + gradients + optimizer + the reserve + the copy; what it needs beyond the backward's peak is
+        # booked under buffers, so the categories still add up to the stage's peak.
+        step = RESERVED_BYTES + 4.0 * per_rank(dense, expert, 1)
+        buffers += max(0.0, step - (activations + buffers))
     return StageMemory(
         stage=chunks[0].stage,
         weights=weights,

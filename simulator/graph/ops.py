@@ -46,8 +46,6 @@ class Op:
         Attention core shape (``batch`` is the micro-batch size).
     read_bytes, write_bytes : float
         HBM traffic of a memory-bound op.
-    flop_factor : float
-        FLOPs per element for memory-bound ops that also compute (kept small; they are timed by bytes).
     params : int
         Parameters this op owns (forward op only; 0 for backward ops).
     replicated_params : int

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -145,18 +146,23 @@ def test_the_interleaved_wrap_hop_leaves_the_node_when_pp_is_not_a_multiple_of_t
 @pytest.mark.parametrize(("ranks", "links"), [(2, 1), (4, 3), (8, 7)])
 def test_a_direct_mesh_gives_a_group_only_its_peer_links(ranks: int, links: int) -> None:
     """MI300X's Infinity Fabric is a full mesh of 7 links of 64 GB/s per GPU: a pair shares one link, 8 GPUs use
-    all 7, so a group of k gets (k - 1)/7 of the all-links bandwidth an NVSwitch would give any group."""
+    all 7, so a group of k gets (k - 1)/7 of the all-links bandwidth an NVSwitch would give any group: the time to
+    move the bytes grows by 7/(k - 1), the latency of a small message does not (it had grown with it: a 2-rank
+    all-reduce of 1 KiB took 170 us)."""
     mesh = load_cluster("mi300x-8")
     assert mesh.nvlink_topology == "mesh"
     switch = replace(mesh, nvlink_topology="switch")
     group = place("tp", ranks, 1, mesh)
 
-    def seconds(cluster: ClusterSpec) -> float:
+    def seconds(cluster: ClusterSpec, size: float = SIZE) -> float:
         return CommModel(cluster, cluster.calibration, load_calibration("default")).time(
-            Comm("c", "all_reduce", group, SIZE, "tp")
+            Comm("c", "all_reduce", group, size, "tp")
         )
 
-    assert seconds(mesh) / seconds(switch) == pytest.approx(7 / links)
+    big = 2.0**30
+    assert seconds(mesh, big) / seconds(switch, big) == pytest.approx(7 / links, rel=0.05)
+    assert seconds(mesh, 1024.0) == pytest.approx(seconds(switch, 1024.0), rel=0.01)
+    assert seconds(mesh, 1024.0) < 50e-6
 
 
 def _model(cluster: ClusterSpec) -> CommModel:
@@ -196,3 +202,44 @@ def test_nvlink_latency_bounds_collectives_on_default_curves_only() -> None:
     assert _model(b200).time(comm) < 12 * 100e-6
     h100_comm = Comm("c", "all_reduce", place("tp", 8, 1, h100), 64 * 2**10, "tp")
     assert _model(replace(h100, intra_node_latency_s=100e-6)).time(h100_comm) == _model(h100).time(h100_comm)
+
+
+def _seconds(cluster: ClusterSpec, collective: str, ranks: int, size: float, stride: int = 1) -> float:
+    model = CommModel(cluster, cluster.calibration, load_calibration("default"))
+    return model.time(Comm("c", collective, place("g", ranks, stride, cluster), size, "tp"))
+
+
+def test_a_faster_fabric_or_nvls_shortens_the_bytes_not_the_latency() -> None:
+    """NCCL's tuning model keeps latency apart from bandwidth, and runs NVLS with its Simple protocol only: a small
+    all-reduce takes what the measured curve says whatever the link bandwidth, a large one moves with it. Found by
+    a communication review: the whole curve was scaled, so NVLS or a what-if at 2x NVLink halved a 2 KiB message."""
+    h100 = load_cluster("dgx-h100")
+    ring = replace(h100, nvls=False)
+    fast = load_cluster("dgx-h100", {"nvlink_bandwidth_gb_per_s": 900, "nvls": False})
+    slow = load_cluster("dgx-h100", {"nvlink_bandwidth_gb_per_s": 225, "nvls": False})
+    small, large = 2048.0, 2.0**30
+    for variant in (h100, fast, slow):
+        assert _seconds(variant, "all_reduce", 8, small) == pytest.approx(_seconds(ring, "all_reduce", 8, small), 0.01)
+    assert _seconds(ring, "all_reduce", 8, large) / _seconds(fast, "all_reduce", 8, large) == pytest.approx(2.0, 0.01)
+    assert _seconds(slow, "all_reduce", 8, large) / _seconds(ring, "all_reduce", 8, large) == pytest.approx(2.0, 0.01)
+    # Time still grows with the size on every fabric.
+    for variant in (h100, fast, slow):
+        times = [_seconds(variant, "all_reduce", 8, 2.0**e) for e in range(10, 33)]
+        assert all(b >= a * (1 - 1e-9) for a, b in itertools.pairwise(times))
+
+
+def test_network_ring_steps_inside_a_node_take_the_nvlink_latency() -> None:
+    """NCCL's tuning model (src/graph/tuning.cc): of a ring all-gather's n - 1 steps only nodes - 1 cross the
+    network; the others take the NVLink latency. A 512-rank all-gather over 64 nodes had been charged 511 network
+    steps (3.07 ms of latency)."""
+    h100 = load_cluster("dgx-h100")
+    intra, inter = h100.intra_node_latency_s, h100.inter_node_latency_s
+    tiny = 8.0 * 512
+    latency = _seconds(h100, "all_gather", 512, tiny)
+    assert latency == pytest.approx((512 - 64) * intra + 63 * inter, rel=0.05)
+    # One member per node (a data-parallel group strided over tp = 8): every step crosses the network.
+    strided = _seconds(h100, "all_gather", 64, tiny / 8, stride=8)
+    assert strided == pytest.approx(63 * inter, rel=0.05)
+    # All-reduce: the faster of the ring (2 (n - nodes) NVLink and 2 (nodes - 1) network steps) and the tree.
+    tree = 2 * (7 * intra + 6 * inter)
+    assert _seconds(h100, "all_reduce", 512, tiny) == pytest.approx(tree, rel=0.05)

@@ -989,3 +989,50 @@ def test_fp8_padding_also_with_one_expert_per_rank() -> None:
     fwd, _ = _compute_names(_plan(dp=8, ep=8, precision="fp8"))
     assert {"moe.fp8_pad", "moe.fp8_unpad"} <= {op.name for op in fwd}
     assert not [op.name for op in fwd if "sort_chunks" in op.name]  # one expert: nothing to sort
+
+
+def test_optimizer_step_holds_an_fp32_copy_of_16_bit_gradients() -> None:
+    """With 16-bit gradients the optimizer step gives the fp32 master weights an fp32 copy of their gradient shard
+    (Megatron-Core ``_copy_model_grads_to_main_grads``: ``main_grad.float()``) while no activations are held, so a
+    stage with few activations peaks there. Found by a memory review: that copy was not counted (a 7B at tp 8 in
+    fp16 read 2.9 GiB low)."""
+    big = replace(DENSE, layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=16384)
+    params = build_graph(big, 256, 1).params()
+    for zero, shard in ((0, 1), (1, 2)):
+        plan = _plan(recompute="full", seq_len=256, precision="fp16", dp=2, zero_stage=zero)
+        m = _sim(big, plan).memory[0]
+        held = m.weights + m.gradients + m.optimizer
+        assert m.total == pytest.approx(held + 2 * 2**30 + 4.0 * params / shard, rel=1e-6)
+        assert m.total == pytest.approx(m.weights + m.gradients + m.optimizer + m.activations + m.buffers)
+        # fp32 gradients are the master's gradients already: no copy, the backward's peak stands.
+        fp32 = _sim(big, plan.with_(grad_dtype="fp32")).memory[0]
+        assert fp32.buffers == pytest.approx(2 * 2**30 + 2.0 * 256 * big.vocab)  # the reserve and 16-bit logits
+
+
+def test_selective_recompute_keeps_unexpanded_kv_with_unfused_attention() -> None:
+    """Megatron-Core expands K and V to every query head inside the checkpointed attention core, so under selective
+    recomputation unfused attention keeps Q, K and V as they came in, as fused attention does; it had kept the
+    expanded copies (2.2 GiB too much for Llama 3 70B at tp 8, pp 4)."""
+    fused = _sim(DENSE, _plan(recompute="selective", attention="flash2")).memory[0].activations
+    unfused = _sim(DENSE, _plan(recompute="selective", attention="unfused")).memory[0].activations
+    lse = 4.0 * DENSE.heads * DENSE.seq_len * DENSE.layers  # the fused core's fp32 log-sum-exp, which it drops
+    assert unfused == pytest.approx(fused, abs=lse + 1)
+    # Without recomputation the unfused products do keep the expanded copies (and the s² tensors).
+    assert _sim(DENSE, _plan(attention="unfused")).memory[0].activations > unfused
+
+
+def test_only_the_first_stages_first_chunk_is_bucketed() -> None:
+    """Megatron-Core's DDP buckets gradients (and the overlapped parameter gathers) only where they are on the
+    critical path: with overlapped reduction, on pipeline stage 0, for model chunk 0; every other stage and chunk
+    keeps one bucket per buffer (``bucket_size = None`` for ``pp_rank > 0`` or ``disable_bucketing``, set for
+    ``model_chunk_idx > 0``). Found by a schedule review: every stage and chunk was bucketed."""
+    wide = replace(DENSE, layers=16)
+    plan = _plan(dp=16, global_batch=64, zero_stage=1, pp=2, vp=2)
+    r = simulate(wide, CLUSTER, plan, record=True)
+    gathers = sorted((row[0], row[2]) for row in r.timeline if row[2].startswith("param_bucket"))
+    by_place: Counter[tuple[int, str]] = Counter((stage, name.split(".")[0]) for stage, name in gathers)
+    assert by_place[(0, "param_bucket0")] >= 2  # stage 0, chunk 0: 40M-parameter buckets
+    assert by_place[(0, "param_bucket1")] == by_place[(1, "param_bucket0")] == by_place[(1, "param_bucket1")] == 1
+    # Without overlap nothing is bucketed: one reduction per model chunk's buffer after the last backward.
+    serial = simulate(wide, CLUSTER, plan.with_(grad_overlap=False), record=True)
+    assert sum(row[0] == 0 and row[1] == "dp" and row[2].startswith("grad") for row in serial.timeline) == 2

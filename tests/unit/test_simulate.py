@@ -508,3 +508,32 @@ def test_a_search_shares_folded_programs_between_grad_overlap_twins_with_their_l
     assert shared.pipe == alone.pipe
     assert shared.uncalibrated == alone.uncalibrated
     assert any(label.startswith("gemm") for label in shared.uncalibrated)
+
+
+def test_no_kernel_is_timed_shorter_than_the_shortest_one_measured_on_the_device() -> None:
+    """Below a curve's smallest point its efficiency is held, so time falls with the size; the calibration never
+    saw a kernel that short (a 1 MFLOP GEMM on H100 came out at 0.5 µs, a tiny attention at 0.2 µs). Time stops at
+    the shortest kernel any curve of the device's table starts at (H100: its 24 KB elementwise kernel, 1 µs), while
+    an op above that floor keeps its curve time (an attention curve starting at 100 µs kernels does not hold)."""
+    from simulator.cost.compute import ComputeModel
+    from simulator.graph.ops import Op
+    from simulator.run import _default_table
+
+    cluster = load_cluster("dgx-h100")
+    cm = ComputeModel(cluster.device, cluster.calibration, _default_table(), "bf16")
+    assert cm.floor_s == pytest.approx(1e-6, rel=0.05)
+    tiny = Op(name="g", kind="gemm", m=64, n=64, k=128)
+    assert cm.time(tiny) == cm.floor_s
+    assert cm.time(tiny.with_(m=32)) == cm.floor_s
+    attention = {
+        "kind": "attention",
+        "batch": 1,
+        "heads": 8,
+        "kv_heads": 8,
+        "seq_q": 2048,
+        "seq_kv": 2048,
+        "head_dim": 128,
+    }
+    short, shorter = Op(name="a", **attention), Op(name="a", **{**attention, "seq_q": 1024, "seq_kv": 1024})
+    assert cm.floor_s < cm.time(shorter) < cm.time(short) < 1e-4
+    assert cm.time(Op(name="m", kind="memory", read_bytes=64.0, write_bytes=64.0)) == cm.floor_s

@@ -172,7 +172,11 @@ def test_llm_foundry_rows_run_flashattention2_which_changes_h100_rows_only() -> 
     which on A100 is the device's own fused kernel and on H100 is slower than FlashAttention-3."""
     stacks = load_stacks(STACKS)
     source = "S17: mosaicml/llm-foundry scripts/train/benchmarking/README.md"
-    rows = [_row(run_id="h100", source=source), _row(run_id="a100", source=source, cluster="dgx-a100-80g")]
+    # 4k tokens: attention kernels long enough to be timed on the measured curves (not at the shortest-kernel floor).
+    rows = [
+        _row(run_id="h100", source=source, seq_len=4096),
+        _row(run_id="a100", source=source, cluster="dgx-a100-80g", seq_len=4096),
+    ]
     pinned = validate_frame(pd.DataFrame(rows), "t.csv", stacks=stacks).rows
     plain = validate_frame(pd.DataFrame(rows), "t.csv", stacks=()).rows
     assert [r["stack"] for r in pinned] == ["llm-foundry / Composer FSDP, 2023"] * 2

@@ -187,15 +187,53 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     plan = _plan_from_args(args, overrides.get("plan", {}))
     # A plan that cannot run at all (a degree that does not divide, a precision the GPU lacks) is an answer like
     # one that does not fit: the same table or JSON document, feasible false with the reason, exit 3.
+    tokens = None if args.train_tokens is None else _token_count(args.train_tokens)
     result = simulate(model, cluster, plan, record=args.trace is not None, raise_infeasible=False)
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
         _write_output(args.trace, chrome_trace_json(result.timeline, title=title), "--trace")
+    train = None
+    if tokens is not None:
+        train = result.time_to_train(tokens)
+        price = cluster.device.price_per_gpu_hour_usd
+        train["cost_usd"] = math.nan if price is None else train["gpu_hours"] * price
     if args.format == "json":
-        print(json.dumps(_json_safe(result.to_dict()), indent=2, sort_keys=False))
+        data = result.to_dict()
+        if train is not None:
+            data["train"] = train
+        print(json.dumps(_json_safe(data), indent=2, sort_keys=False))
     else:
-        print(_result_table(result))
+        print(_result_table(result, train))
     return EXIT_OK if result.feasible else EXIT_INFEASIBLE
+
+
+_TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def _fmt_tokens(tokens: float) -> str:
+    """15e12 -> '15T', 2.5e9 -> '2.5B', 1234 -> '1,234'."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if tokens >= scale:
+            return f"{tokens / scale:,.4g}{suffix}"
+    return f"{tokens:,.0f}"
+
+
+def _token_count(text: str) -> float:
+    """``--train-tokens``: a positive number, optionally with a K, M, B (or G) or T suffix."""
+    raw = text.strip()
+    scale = _TOKEN_SUFFIXES.get(raw[-1:].upper(), 1.0) if raw else 1.0
+    number = raw[:-1] if scale != 1.0 else raw
+    try:
+        value = float(number) * scale
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 1):
+        raise SpecError(
+            f"--train-tokens {text!r}",
+            "is not a token count",
+            "give a positive number of tokens, e.g. 15e12 or 15T (suffixes K, M, B, T)",
+        )
+    return value
 
 
 def _write_output(path: Path, text: str, option: str) -> None:
@@ -218,7 +256,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _result_table(r: Any) -> str:
+def _result_table(r: Any, train: dict[str, float] | None = None) -> str:
     p = r.plan
     lines = [
         f"{r.model} on {r.cluster}: {r.num_gpus} GPU{'' if r.num_gpus == 1 else 's'} "
@@ -233,6 +271,14 @@ def _result_table(r: Any) -> str:
             f"step time {fmt_seconds(r.step_time_s)}   tokens/s {r.tokens_per_s:,.0f}   "
             f"MFU {r.mfu * 100:.1f}%   HFU {r.hfu * 100:.1f}%"
         )
+        lines.append(f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {r.model_tflops_per_gpu:,.1f} model TFLOP/s")
+        if train is not None:
+            cost = "" if math.isnan(train["cost_usd"]) else f", {train['cost_usd']:,.0f} USD"
+            lines.append(
+                f"training on {_fmt_tokens(train['tokens'])} tokens: {train['steps']:,.0f} steps, "
+                f"{train['days']:,.1f} days on {r.num_gpus:,} GPUs, {train['gpu_hours']:,.0f} GPU-hours{cost} "
+                "(no restarts, evaluation or checkpoints)"
+            )
     if r.chosen:
         lines.append("chosen: " + ", ".join(f"{k}={fmt_knob(v)}" for k, v in r.chosen.items()))
     block = "" if p.recompute_layers is None else f" recompute_layers={p.recompute_layers}"
@@ -617,6 +663,12 @@ def _build_parser() -> _Parser:
         "--format", choices=("table", "json"), default="table", help="table (default) or json (every figure as data)"
     )
     sim.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON here")
+    sim.add_argument(
+        "--train-tokens",
+        metavar="N",
+        help="also say how many steps, days and GPU-hours training on N tokens takes at this step time "
+        "(a number, or with a suffix K, M, B or T: 15T)",
+    )
     sim.set_defaults(func=_cmd_simulate)
 
     models = sub.add_parser("models", help="list or show built-in models")

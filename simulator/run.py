@@ -111,6 +111,30 @@ class StepResult:
         """Largest per-stage total."""
         return max((m.total for m in self.memory), default=0.0)
 
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """Throughput per GPU, the unit NeMo's and Megatron-Bridge's performance tables report."""
+        return self.tokens_per_s / self.num_gpus
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        """Model TFLOP/s achieved per GPU (model FLOPs of the step over its time), the "TFLOP/s/GPU" Megatron-LM
+        logs; MFU is this over the GPU's 16-bit peak."""
+        return self.model_flops / self.step_time_s / self.num_gpus / 1e12
+
+    def time_to_train(self, tokens: float) -> dict[str, float]:
+        """Steps, days and GPU-hours to train on ``tokens`` tokens at this step time (whole steps of global batch ×
+        sequence length; no restarts, evaluation or checkpointing). NaN where the plan has no step time."""
+        per_step = self.plan.global_batch * (self.plan.seq_len or 0)
+        steps = math.ceil(tokens / per_step) if per_step > 0 else math.nan
+        seconds = steps * self.step_time_s
+        return {
+            "tokens": float(tokens),
+            "steps": float(steps),
+            "days": seconds / 86400.0,
+            "gpu_hours": seconds / 3600.0 * self.num_gpus,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (stable key order); a time or rate an infeasible plan does not have is None
         (JSON null), not NaN, which strict JSON has no token for."""
@@ -132,7 +156,17 @@ class StepResult:
         d = self.to_dict()
         row: dict[str, Any] = {k: d[k] for k in ("model", "cluster", "num_gpus", "feasible", "reason")}
         row.update({f"plan.{k}": v for k, v in d["plan"].items()})
-        for key in ("step_time_s", "tokens_per_s", "model_flops", "hardware_flops", "mfu", "hfu", "critical_stage"):
+        for key in (
+            "step_time_s",
+            "tokens_per_s",
+            "tokens_per_s_per_gpu",
+            "model_flops",
+            "hardware_flops",
+            "model_tflops_per_gpu",
+            "mfu",
+            "hfu",
+            "critical_stage",
+        ):
             row[key] = d[key]
         row.update({key: d["breakdown"].get(key) for key in BREAKDOWN_KEYS})  # None where a plan has no times
         memory = d["memory"]
@@ -156,8 +190,10 @@ class StepResult:
             "reason": self.reason,
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "model_flops": self.model_flops,
             "hardware_flops": self.hardware_flops,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "mfu": self.mfu,
             "hfu": self.hfu,
             "memory": [m.as_dict() for m in self.memory],

@@ -324,3 +324,27 @@ def test_table_shows_the_resolved_sequence_parallel(capsys: pytest.CaptureFixtur
     code, out, _ = run([a for a in LLAMA8 if a != "--no-grad-overlap"], capsys)
     assert code == 0
     assert "sequence_parallel=true" in out
+
+
+def test_train_tokens_turns_the_step_into_days_and_gpu_hours(capsys: pytest.CaptureFixture[str]) -> None:
+    """How many days for N tokens: whole steps of global batch × sequence length at the simulated step time, on
+    every GPU of the plan; the per-GPU rates NeMo's and Megatron-LM's logs use come with every answer."""
+    data = simulate_json([*LLAMA8, "--train-tokens", "1.5T"], capsys)
+    step, tokens_per_step = data["step_time_s"], 64 * 4096
+    steps = -(-1.5e12 // tokens_per_step)
+    assert data["train"]["steps"] == steps
+    assert data["train"]["days"] == pytest.approx(steps * step / 86400)
+    assert data["train"]["gpu_hours"] == pytest.approx(steps * step / 3600 * 64)
+    assert data["train"]["cost_usd"] is None  # the device states no price
+    assert data["tokens_per_s_per_gpu"] == pytest.approx(data["tokens_per_s"] / 64)
+    assert data["model_tflops_per_gpu"] == pytest.approx(data["model_flops"] / step / 64 / 1e12)
+    code, out, _ = run([*LLAMA8, "--train-tokens", "1500000000000"], capsys)
+    assert code == 0
+    assert f"training on 1.5T tokens: {steps:,.0f} steps" in out
+    assert "per GPU: " in out
+    assert " model TFLOP/s" in out
+    for bad in ("0", "-3T", "lots", "1e400", "nanT"):
+        code, _, err = run([*LLAMA8, "--train-tokens", bad], capsys)
+        assert code == 2, bad
+        assert "--train-tokens" in err
+        assert "Traceback" not in err

@@ -188,6 +188,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     # A plan that cannot run at all (a degree that does not divide, a precision the GPU lacks) is an answer like
     # one that does not fit: the same table or JSON document, feasible false with the reason, exit 3.
     tokens = None if args.train_tokens is None else _token_count(args.train_tokens)
+    _calibration_hint(cluster)
     result = simulate(model, cluster, plan, record=args.trace is not None, raise_infeasible=False)
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
@@ -234,6 +235,25 @@ def _token_count(text: str) -> float:
             "give a positive number of tokens, e.g. 15e12 or 15T (suffixes K, M, B, T)",
         )
     return value
+
+
+def _calibration_hint(cluster: Any) -> str:
+    """A note on stderr where a cluster names no calibration table but one ships for its device (a cluster YAML
+    written by hand usually forgets it, and its ops then run on the default curves); returns the note."""
+    from simulator.specs.library import tables_for_device
+
+    if cluster.calibration is not None:
+        return ""
+    tables = tables_for_device(cluster.device.name)
+    if not tables:
+        return ""
+    note = (
+        f"note: cluster {cluster.name} names no calibration table, so its kernels run on the default curves; "
+        f"{' and '.join(tables)} measured its device {cluster.device.name}: add 'calibration: {tables[0]}' to the "
+        "cluster file"
+    )
+    print(note, file=sys.stderr)
+    return note
 
 
 def _write_output(path: Path, text: str, option: str) -> None:
@@ -559,10 +579,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 elif kind == "device":
                     DeviceSpec.from_mapping(data, where)
                 elif kind == "cluster":
-                    if isinstance(data.get("device"), str):
-                        load_cluster(path)
-                    else:
+                    cluster = load_cluster(path) if isinstance(data.get("device"), str) else None
+                    if cluster is None:
                         ClusterSpec.from_mapping(data, where)
+                    elif _calibration_hint(cluster):
+                        kind += ", uncalibrated: see the note"
                 elif kind == "calibration":
                     CalibrationTable.from_mapping(data, where)
                 else:

@@ -79,6 +79,22 @@ def list_names(kind: str) -> list[tuple[str, Path]]:
     return sorted(((p.stem, p) for p in seen.values()), key=lambda item: item[0].lower())
 
 
+def tables_for_device(device: str) -> list[str]:
+    """Names of the built-in calibration tables measured on ``device`` (their ``device:`` key), for a hint where
+    a cluster of that device names none. Reads the table files: for the CLI, not for a sweep's hot path."""
+    from simulator.specs._yaml import load_yaml_file
+
+    names = []
+    for name, path in list_names("calibration"):
+        try:
+            data = load_yaml_file(path)
+        except SpecError:
+            continue
+        if isinstance(data, dict) and str(data.get("device", "")).lower() == device.lower():
+            names.append(name)
+    return names
+
+
 def _looks_like_path(ref: str) -> bool:
     return ref.lower().endswith((".yaml", ".yml", ".json")) or os.sep in ref or "/" in ref
 

@@ -348,3 +348,45 @@ def test_train_tokens_turns_the_step_into_days_and_gpu_hours(capsys: pytest.Capt
         assert code == 2, bad
         assert "--train-tokens" in err
         assert "Traceback" not in err
+
+
+def test_a_hand_written_cluster_of_a_measured_device_is_told_about_its_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cluster YAML naming the H100 but no calibration table runs on the default curves; check and simulate say
+    which shipped table measured that device and how to use it (it had passed check with a bare "ok")."""
+    cluster = tmp_path / "my-h100.yaml"
+    cluster.write_text(
+        "name: my-h100\ndevice: H100-SXM5-80GB\ngpus_per_node: 8\nnvlink_bandwidth_gb_per_s: 450\n"
+        "nics_per_node: 8\nnic_bandwidth_gbit_per_s: 400\n",
+        encoding="utf-8",
+    )
+    code, out, err = run(["check", str(cluster)], capsys)
+    assert code == 0
+    assert "uncalibrated" in out
+    assert "add 'calibration: h100-sxm5-80gb'" in err
+    code, out, err = run(
+        [
+            "simulate",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            str(cluster),
+            "--gpus",
+            "8",
+            "--tp",
+            "8",
+            "--global-batch",
+            "8",
+            "--format",
+            "json",
+        ],
+        capsys,
+    )
+    assert code == 0
+    assert json.loads(out)["calibration"] == ""
+    assert "add 'calibration: h100-sxm5-80gb'" in err
+    # A built-in cluster that names its table gets no note.
+    code, _, err = run(["check", str(find_file("cluster", "dgx-h100"))], capsys)
+    assert code == 0
+    assert not err

@@ -495,8 +495,15 @@ def _candidates(model: ModelSpec, plan: PlanSpec) -> list[PlanSpec]:
         vps = [1]
     else:
         per_stage = -(-model.layers // plan.pp)
-        # pp·vp may exceed the layers by the embedding and the loss (resolve_layout's rule).
-        vps = [v for v in range(2, per_stage + 1) if per_stage % v == 0 and model.layers + 2 >= plan.pp * v]
+        # pp·vp may exceed the layers by the embedding and the loss (resolve_layout's rule). Tried: the chunk counts
+        # that split each stage's layers evenly, and those that split the virtual stages evenly where Megatron-Core
+        # counts the embedding and the loss as a layer each (pp·vp dividing layers + 2: 17 for 32 layers on pp 2).
+        limit = model.layers + 2
+        vps = sorted(
+            v
+            for v in range(2, limit // plan.pp + 1)
+            if (per_stage % v == 0 or limit % (plan.pp * v) == 0) and limit >= plan.pp * v
+        )
         if plan.schedule is None:
             vps = [1, *vps]  # an explicit interleaved schedule needs vp >= 2
     # Overlap is usually faster, but overlapped compute is slowed down (overlap_slowdown): try both.

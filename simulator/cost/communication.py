@@ -142,7 +142,8 @@ class CommModel:
         if self.cluster.nvlink_topology == "mesh":
             # Direct peer links: a group of k reaches its peers over k - 1 of the domain's n - 1 links, and a
             # point-to-point transfer (a pipeline hop, a context-parallel ring step) over the one link to its peer.
-            links = 1 if collective == "send_recv" else min(ranks - 1, self.cluster.nvlink_domain_gpus - 1)
+            # (At least one link: a one-GPU domain still bounds a collective leaving it by a two-rank one.)
+            links = 1 if collective == "send_recv" else max(1, min(ranks - 1, self.cluster.nvlink_domain_gpus - 1))
             scale *= links / max(self.cluster.nvlink_domain_gpus - 1, 1)
         if curve is None:
             bw = self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY

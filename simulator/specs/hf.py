@@ -254,6 +254,7 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
     if moe is not None and not ffn:
         ffn = moe.expert_ffn_hidden
         keys["ffn_hidden"] = keys["moe.expert_ffn_hidden"]
+    _refuse_sliding_window(f, model_type)
     attention_bias, mlp_bias = _flag(f, "attention_bias", False), _flag(f, "mlp_bias", False)  # both checked
     bias = attention_bias and mlp_bias
     try:
@@ -283,6 +284,24 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
 
 # The model types whose every released config is a mixture of experts.
 _MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def _refuse_sliding_window(f: Fields, model_type: str) -> None:
+    """Refuse a config whose attention is windowed (Mistral 7B v0.1: ``sliding_window`` 4096; Qwen2/Qwen3 only with
+    ``use_sliding_window``): each token attends to the last W tokens only, which the graph does not model, so
+    sequences longer than the window would be timed as full causal attention, silently."""
+    window = f.raw("sliding_window", None)
+    active = _flag(f, "use_sliding_window", False) if model_type.startswith("qwen") else window is not None
+    if not active or window is None:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise f.error("sliding_window", f"must be a token count or null, got {window!r}", "write a whole number")
+    raise f.error(
+        "sliding_window",
+        f"sliding-window attention ({window} tokens) is not modelled: sequences longer than the window would be "
+        "timed as full causal attention",
+        "set sliding_window to null to time full causal attention (the same up to the window, more beyond it)",
+    )
 
 
 def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
@@ -315,13 +334,30 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     shared_ffn = f.integer("shared_expert_intermediate_size", 0, minimum=0)
     step = f.integer("decoder_sparse_step", 1, minimum=1)
     dense_layers = f.int_list("mlp_only_layers", (), minimum=0)
-    # Qwen2-MoE/Qwen3-MoE make layer i sparse when (i + 1) % decoder_sparse_step == 0 (transformers
-    # modeling_qwen2_moe.py): layers step-1, 2·step-1, ..., i.e. step-1 leading dense layers, then every step-th.
-    first_dense = max(f.integer("first_k_dense_replace", 0, minimum=0), step - 1)
-    first_dense_key = "decoder_sparse_step"
-    if dense_layers and len(dense_layers) > first_dense:
-        # Only a leading block of dense layers is representable; Qwen's released models leave it empty.
-        first_dense, first_dense_key = len(dense_layers), "mlp_only_layers"
+    leading = f.integer("first_k_dense_replace", 0, minimum=0)
+    # Qwen2-MoE/Qwen3-MoE make layer i sparse when it is not in mlp_only_layers and (i + 1) % decoder_sparse_step
+    # == 0 (transformers modeling_qwen2_moe.py). A model spec holds a leading block of dense layers, then every
+    # step-th layer sparse: the sparse set must be that, starting at its first layer.
+    layers = f.integer("num_hidden_layers", minimum=1)
+    dense = set(dense_layers) | set(range(leading))
+    sparse = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+    if not sparse:
+        key = "mlp_only_layers" if dense_layers else "decoder_sparse_step"
+        raise f.error(
+            key,
+            f"leaves no MoE layer of the {layers} (decoder_sparse_step {step}, mlp_only_layers {sorted(dense_layers)})",
+            "check the config; a model without MoE layers has no experts",
+        )
+    first_dense = sparse[0]
+    if sparse != list(range(first_dense, layers, step)):
+        key = "mlp_only_layers" if dense_layers else "decoder_sparse_step"
+        raise f.error(
+            key,
+            f"leaves MoE layers {sparse} (decoder_sparse_step {step}, mlp_only_layers {sorted(dense_layers)}), which "
+            "are not a leading block of dense layers followed by every step-th layer",
+            "write a clustersim model YAML with the nearest moe.first_dense_layers and moe.layer_frequency",
+        )
+    first_dense_key = "mlp_only_layers" if dense_layers else "decoder_sparse_step"
     moe_keys = {
         "num_experts": count_key,
         "top_k": "num_experts_per_tok",

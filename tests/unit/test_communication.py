@@ -243,3 +243,15 @@ def test_network_ring_steps_inside_a_node_take_the_nvlink_latency() -> None:
     # All-reduce: the faster of the ring (2 (n - nodes) NVLink and 2 (nodes - 1) network steps) and the tree.
     tree = 2 * (7 * intra + 6 * inter)
     assert _seconds(h100, "all_reduce", 512, tiny) == pytest.approx(tree, rel=0.05)
+
+
+@pytest.mark.parametrize("cluster", ["mi300x-8", "dgx-v100"])
+def test_a_mesh_of_one_gpu_per_node_is_timed_not_crashed(cluster: str) -> None:
+    """A mesh fabric with one GPU per node (a what-if) has no peer link inside a node; the in-domain bound of a
+    collective leaving the node had divided by its zero links (found by a fuzzing review)."""
+    from simulator.run import simulate
+    from simulator.specs import PlanSpec, load_model
+
+    spec = load_cluster(cluster, {"gpus_per_node": 1})
+    r = simulate(load_model("llama3-8b"), spec, PlanSpec(dp=2, global_batch=16, precision="fp16"))
+    assert r.step_time_s > 0

@@ -272,18 +272,6 @@ def test_activation_must_be_text(cfg: dict, key: str) -> None:
         ({**GPT2, "n_head": 7}, "n_head", "heads", "'heads' must divide 'hidden'"),
         ({**NEOX, "num_attention_heads": 7}, "num_attention_heads", "heads", "'heads' must divide 'hidden'"),
         ({**LLAMA, "num_key_value_heads": 5}, "num_key_value_heads", "kv_heads", "'kv_heads' must divide 'heads'"),
-        (
-            {**QWEN3_MOE, "num_hidden_layers": 4, "decoder_sparse_step": 8},
-            "decoder_sparse_step",
-            "moe.first_dense_layers",
-            "must be <= layers",
-        ),
-        (
-            {**QWEN3_MOE, "num_hidden_layers": 2, "mlp_only_layers": [0, 1, 2]},
-            "mlp_only_layers",
-            "moe.first_dense_layers",
-            "must be <= layers",
-        ),
     ],
 )
 def test_model_spec_errors_name_the_config_key(cfg: dict, key: str, field: str, what: str) -> None:
@@ -337,3 +325,50 @@ def test_a_moe_model_type_with_a_null_expert_count_is_refused() -> None:
     cfg["num_experts"] = None
     with pytest.raises(SpecError, match="num_experts: is required for model_type 'qwen3_moe'"):
         model_from_hf_config(cfg, "config.json", name="q")
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "what"),
+    [
+        ({"num_hidden_layers": 4, "decoder_sparse_step": 8}, "decoder_sparse_step", "leaves no MoE layer"),
+        ({"num_hidden_layers": 2, "mlp_only_layers": [0, 1, 2]}, "mlp_only_layers", "leaves no MoE layer"),
+        # Dense layers 3 and 7 between sparse ones: not a leading block (they had been moved to layers 0 and 1).
+        ({"num_hidden_layers": 8, "mlp_only_layers": [3, 7]}, "mlp_only_layers", "not a leading block"),
+    ],
+)
+def test_qwen_moe_layer_patterns_a_spec_cannot_hold_are_refused(changes: dict, key: str, what: str) -> None:
+    """transformers makes Qwen-MoE layer i sparse when it is not in mlp_only_layers and (i + 1) % decoder_sparse_step
+    == 0; a model spec holds a leading dense block, then every step-th layer sparse. Other patterns had been read
+    as a leading block of as many dense layers (found by an import review)."""
+    err = _error({**QWEN3_MOE, **changes})
+    assert err.where == f"{WHERE}: {key}"
+    assert what in err.what
+
+
+def test_qwen_moe_dense_layers_before_the_sparse_pattern_start_it() -> None:
+    """decoder_sparse_step 2 with mlp_only_layers [1]: sparse layers 3, 5, ..., 23 (11 of 24), not 1, 3, ..., 23."""
+    cfg = {**QWEN3_MOE, "num_hidden_layers": 24, "decoder_sparse_step": 2, "mlp_only_layers": [1]}
+    moe = model_from_hf_config(cfg, WHERE, name="q").moe
+    assert moe is not None
+    assert (moe.first_dense_layers, moe.layer_frequency) == (3, 2)
+    assert sum(moe.is_moe_layer(i) for i in range(24)) == 11
+
+
+@pytest.mark.parametrize(
+    ("changes", "refused"),
+    [
+        ({"model_type": "mistral", "sliding_window": 4096}, True),  # Mistral 7B v0.1
+        ({"model_type": "mistral", "sliding_window": None}, False),  # v0.3
+        ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False}, False),  # Qwen2's default
+        ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}, True),
+    ],
+)
+def test_sliding_window_attention_is_refused_not_timed_as_full(changes: dict, refused: bool) -> None:
+    """Windowed attention (each token sees the last W) is not modelled; it had been timed as full causal attention
+    without a word. Refused with the fix (null times full attention, exact up to the window)."""
+    if refused:
+        err = _error({**LLAMA, **changes})
+        assert err.where == f"{WHERE}: sliding_window"
+        assert "not modelled" in err.what
+    else:
+        assert model_from_hf_config({**LLAMA, **changes}, WHERE, name="m").layers == LLAMA["num_hidden_layers"]

@@ -34,7 +34,7 @@ MISTRAL_7B = {
     "num_key_value_heads": 8,
     "vocab_size": 32000,
     "max_position_embeddings": 32768,
-    "sliding_window": 4096,
+    "sliding_window": None,  # v0.1 says 4096, windowed attention, which the importer refuses (not modelled)
     "hidden_act": "silu",
     "tie_word_embeddings": False,
 }

@@ -36,7 +36,7 @@ from simulator.parallel.program import (
     program_key,
     stage_params,
 )
-from simulator.parallel.schedule import Task, generate, schedule_with_in_flight
+from simulator.parallel.schedule import generate, schedule_with_in_flight, stage_in_flight
 from simulator.parallel.stages import Chunk, partition
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec
@@ -686,13 +686,13 @@ FOLDED_MAX = 256
 _FOLDED: OrderedDict[tuple[Any, ...], tuple[ComputeModel, CommModel, _FoldedChunk]] = OrderedDict()
 
 
-# A plan's layout, graph, pipeline chunks, schedule orders and per-stage memory (_layout_memory).
-_Sized = tuple[Layout, ModelGraph, tuple[tuple[Chunk, ...], ...], tuple[tuple[Task, ...], ...], tuple[StageMemory, ...]]
+# A plan's layout, graph, pipeline chunks and per-stage memory (_layout_memory).
+_Sized = tuple[Layout, ModelGraph, tuple[tuple[Chunk, ...], ...], tuple[StageMemory, ...]]
 
 
 def _layout_memory(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> _Sized:
-    """A plan's layout, graph, pipeline chunks, schedule orders and per-stage memory: what the search needs to
-    know whether it fits, and the engine's input is built from.
+    """A plan's layout, graph, pipeline chunks and per-stage memory (sized from the schedule's in-flight counts):
+    what the search needs to know whether it fits, and the engine's input is built from.
 
     Raises
     ------
@@ -702,11 +702,11 @@ def _layout_memory(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> _S
     layout = resolve_layout(model, cluster, plan)
     graph = build_graph(model, layout.seq_len, layout.micro_batch, plan.attention, plan.bf16_layers)
     chunks = partition(graph, plan.pp, layout.vp)
-    orders, live = schedule_with_in_flight(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
+    live = stage_in_flight(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     capacity = cluster.device.hbm_bytes
     kept: dict[str, float] = {}  # per block, shared by the stages (stage_memory)
-    memory = tuple(stage_memory(graph, layout, chunks[s], orders[s], capacity, live[s], kept) for s in range(plan.pp))
-    return layout, graph, chunks, orders, memory
+    memory = tuple(stage_memory(graph, layout, chunks[s], (), capacity, live[s], kept) for s in range(plan.pp))
+    return layout, graph, chunks, memory
 
 
 # -- one fully specified plan ------------------------------------------------------------------------------
@@ -755,7 +755,7 @@ def _prepare(
     ``sized`` is the plan's :func:`_layout_memory` where the caller has it already, ``fold_memo`` the search's
     folded programs (:func:`_pipeline_input`).
     """
-    layout, graph, chunks, orders, memory = sized if sized is not None else _layout_memory(model, cluster, plan)
+    layout, graph, chunks, memory = sized if sized is not None else _layout_memory(model, cluster, plan)
     if plan.expert_tp is None and layout.experts_folded:
         chosen = {**chosen, "expert_tp": layout.etp}  # MoE parallel folding was the only way to place ep
     over = [m for m in memory if m.over > 0]
@@ -771,6 +771,8 @@ def _prepare(
     compute.uncalibrated.clear()
     comm.uncalibrated.clear()
     slowdown = _overlap_slowdown(cluster)
+    # The task orders, only now that the engine needs them (sizing needed only their in-flight counts).
+    orders = schedule_with_in_flight(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)[0]
     pipe, hw_flops_rank = _pipeline_input(
         graph, layout, chunks, orders, compute, comm, slowdown, cluster, record, fold_memo
     )

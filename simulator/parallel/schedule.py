@@ -31,16 +31,24 @@ import numpy as np
 
 from simulator.errors import InfeasiblePlanError
 
-__all__ = ["SCHEDULES", "Task", "generate", "in_flight", "schedule_with_in_flight"]
+__all__ = [
+    "SCHEDULES",
+    "Task",
+    "generate",
+    "in_flight",
+    "schedule_with_in_flight",
+    "stage_in_flight",
+    "steady_micro_batches",
+]
 
 # Schedules are pure functions of (schedule, p, m, v); the free-knob search sizes the same schedule once per
 # recompute option it tries, and one search tries tens of (micro-batch, vp) pairs (GPT-3 175B on 1,024 GPUs: 38
 # schedules, each needed again for its candidates' twins and recompute options), so the most recently used are
-# kept (schedule_with_in_flight) up to 2,000,000 tasks in all. Tasks are shared objects (_task), so a kept
-# schedule costs a reference per task, 8 bytes: at most about 16 MB. One of more than 100,000 tasks (p·m·v·2) is
-# rebuilt each time rather than held. A cache of 8 schedules had made such a search rebuild every one of them.
-SCHEDULE_CACHE_BUDGET_TASKS = 2_000_000
-SCHEDULE_CACHE_MAX_TASKS = 100_000
+# kept (schedule_with_in_flight) up to 4,000,000 tasks in all. Tasks are shared objects (_task), so a kept
+# schedule costs a reference per task, 8 bytes: at most about 32 MB. One of more than 1,000,000 tasks (p·m·v·2)
+# is rebuilt each time rather than held. A cache of 8 schedules had made such a search rebuild every one of them.
+SCHEDULE_CACHE_BUDGET_TASKS = 4_000_000
+SCHEDULE_CACHE_MAX_TASKS = 1_000_000
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")
 
@@ -252,5 +260,29 @@ def schedule_with_in_flight(schedule: str, p: int, m: int, v: int = 1) -> SizedS
 
 
 def _schedule_with_in_flight(schedule: str, p: int, m: int, v: int) -> SizedSchedule:
-    orders = generate(schedule, p, m, v)
-    return orders, tuple(in_flight(order, v) for order in orders)
+    return generate(schedule, p, m, v), stage_in_flight(schedule, p, m, v)
+
+
+def steady_micro_batches(schedule: str, p: int, m: int, v: int = 1) -> int:
+    """The fewest micro-batches whose schedule has the same :func:`in_flight` entries on every stage as ``m``.
+
+    In the interleaved schedule's steady state each forward is followed by a backward, and the live count per
+    chunk after step j repeats with period p·v (every p·v forwards and p·v backwards add p to each chunk), while
+    the warm-up (2(p − s − 1) + (v − 1)p forwards) does not depend on m once the schedule is longer: any m whose
+    steady state spans a whole period on every stage, i.e. m·v ≥ 2(p − 1) + (2v − 1)p, has the same entries (the
+    cool-down only releases). Checked exhaustively in the tests. Other schedules are returned as they are."""
+    if schedule != "interleaved" or v < 2 or m % p:
+        return m
+    shortest = p * -(-(2 * (p - 1) + (2 * v - 1) * p) // (p * v))
+    return min(m, shortest)
+
+
+@lru_cache(maxsize=1024)
+def stage_in_flight(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Every stage's :func:`in_flight` entries, which is all sizing a plan's memory needs, computed on the
+    shortest schedule that has them (:func:`steady_micro_batches`): a step of thousands of micro-batches is sized
+    from a few dozen, and its task orders are only generated if the engine runs it."""
+    short = steady_micro_batches(schedule, p, m, v)
+    if short != m:
+        return stage_in_flight(schedule, p, short, v)
+    return tuple(in_flight(order, v) for order in generate(schedule, p, m, v))

@@ -124,3 +124,21 @@ def test_undominated_matches_the_pairwise_definition(entries: set[tuple[int, ...
         return any(b != a and all(x <= y for x, y in zip(a, b, strict=True)) for b in entries)
 
     assert _undominated(entries) == sorted((a for a in entries if not dominated(a)), reverse=True)
+
+
+def test_a_long_interleaved_schedule_is_sized_from_the_shortest_one_with_its_entries() -> None:
+    """Sizing needs only the in-flight entries; in the interleaved steady state they repeat with period p·v, so a
+    schedule of thousands of micro-batches has the entries of one whose steady state spans a period
+    (steady_micro_batches). Exhaustive over p <= 8, v <= 6 and several longer m; other schedules are kept."""
+    from simulator.parallel.schedule import stage_in_flight, steady_micro_batches
+
+    for p in range(1, 9):
+        for v in range(2, 7):
+            m0 = steady_micro_batches("interleaved", p, 10_000 * p, v)
+            assert m0 % p == 0
+            assert m0 * v >= 2 * (p - 1) + (2 * v - 1) * p
+            for m in (m0, m0 + p, m0 + 5 * p):
+                full = tuple(in_flight(order, v) for order in generate("interleaved", p, m, v))
+                assert stage_in_flight("interleaved", p, m, v) == full, (p, v, m)
+    assert steady_micro_batches("1f1b", 4, 1000) == 1000
+    assert steady_micro_batches("interleaved", 4, 6, 2) == 6  # not a multiple of pp: refused by generate, as before

@@ -292,6 +292,11 @@ def _result_table(r: Any, train: dict[str, float] | None = None) -> str:
             f"MFU {r.mfu * 100:.1f}%   HFU {r.hfu * 100:.1f}%"
         )
         lines.append(f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {r.model_tflops_per_gpu:,.1f} model TFLOP/s")
+        if r.mfu > r.hfu:
+            lines.append(
+                "(MFU above HFU: model FLOPs count attention at the full s² as Megatron-LM's formula does, while the "
+                "causal kernels skip the masked half)"
+            )
         if train is not None:
             cost = "" if math.isnan(train["cost_usd"]) else f", {train['cost_usd']:,.0f} USD"
             lines.append(
@@ -322,7 +327,7 @@ def _result_table(r: Any, train: dict[str, float] | None = None) -> str:
                 note = "(no launch overhead measured; clustersim calibrate profile measures it)"
                 lines.append(f"  {label:<16}{'not modelled':>12}  {note}")
                 continue
-            lines.append(f"  {label:<16}{fmt_seconds(value):>12}  {value / total * 100:5.1f}%")
+            lines.append(f"  {label:<16}{fmt_seconds(value, like=total):>12}  {value / total * 100:5.1f}%")
     if r.memory:
         lines.append("")
         lines.append("memory per stage (GiB)   weights    grads    optim     acts  buffers    total / capacity")

@@ -50,11 +50,17 @@ def fmt_bytes(n_bytes: float) -> str:
     return f"{size:.0f} B"
 
 
-def fmt_seconds(seconds: float) -> str:
-    """Human-readable duration, e.g. ``'12.4 ms'``."""
-    if seconds >= 1:
+def fmt_seconds(seconds: float, like: float | None = None) -> str:
+    """Human-readable duration, e.g. ``'12.4 ms'``; with ``like``, in the unit ``like`` would take (a column of
+    parts of one total reads in one unit).
+
+    >>> fmt_seconds(0.0124), fmt_seconds(0.0124, like=2.5), fmt_seconds(0.0, like=2.5)
+    ('12.40 ms', '0.012 s', '0.000 s')
+    """
+    scale = seconds if like is None else like
+    if scale >= 1:
         return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
+    if scale >= 1e-3:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds * 1e6:.1f} us"
 

@@ -194,14 +194,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         title = f"{model.name} on {cluster.name}"
         _write_output(args.trace, chrome_trace_json(result.timeline, title=title), "--trace")
     train = None
-    if tokens is not None:
+    if tokens is not None and result.feasible:  # an out-of-memory plan's time is what it would take if it fitted
         train = result.time_to_train(tokens)
         price = cluster.device.price_per_gpu_hour_usd
         train["cost_usd"] = math.nan if price is None else train["gpu_hours"] * price
     if args.format == "json":
         data = result.to_dict()
-        if train is not None:
-            data["train"] = train
+        if tokens is not None:
+            data["train"] = train  # null where the plan is infeasible
         print(json.dumps(_json_safe(data), indent=2, sort_keys=False))
     else:
         print(_result_table(result, train))

@@ -126,7 +126,7 @@ class StepResult:
         """Steps, days and GPU-hours to train on ``tokens`` tokens at this step time (whole steps of global batch ×
         sequence length; no restarts, evaluation or checkpointing). NaN where the plan has no step time."""
         per_step = self.plan.global_batch * (self.plan.seq_len or 0)
-        steps = math.ceil(tokens / per_step) if per_step > 0 else math.nan
+        steps = math.ceil(tokens / per_step) if per_step > 0 and math.isfinite(self.step_time_s) else math.nan
         seconds = steps * self.step_time_s
         return {
             "tokens": float(tokens),

@@ -22,8 +22,8 @@ Where the cluster has in-switch reduction (NVLink SHARP, ``nvls``), NCCL runs al
 with the NVLS algorithm, whose bus bandwidth beats the ring's by :data:`NVLS_GAIN` (by the number of members in
 the domain). The measured curves of the shipped tables are ring all-reduce (Vidur's DGX H100 peak is 328 GB/s,
 below the ~370 GB/s NCCL's ring reaches on H100 NVLink, so NVLS was off when they were taken), and so is the
-default curve derived from them; the gain is applied on top of them, to the bandwidth part of their time only
-(NCCL runs NVLS with its Simple protocol, never for the small, latency-bound messages).
+default curve derived from them; the gain is applied on top of them, to what their time exceeds the smallest
+message's (NCCL runs NVLS with its Simple protocol, never for the small, latency-bound messages).
 """
 
 from __future__ import annotations
@@ -127,15 +127,14 @@ class CommModel:
         return None, 1.0, False
 
     def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
-        bw, _, scale, _, _ = self._domain_rate(collective, ranks, size)
+        bw, scale, _, _ = self._domain_rate(collective, ranks, size)
         return bw * scale
 
-    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float, float, float, bool]:
-        """(bus bandwidth at ``size`` on the fabric the curve was measured on, the curve's plateau there (its
-        largest bus bandwidth), the factor that scales only its *bandwidth* part to this cluster (another fabric's
-        NVLink bandwidth, NVLS, a mesh's share of links), the smallest message it measured (0 without a curve),
-        whether it was measured on this cluster's fabric). The default curves are stated on a fabric of their
-        sources' median NVLink bandwidth (calibration.fit.default_table)."""
+    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float, float, bool]:
+        """(bus bandwidth at ``size`` on the fabric the curve was measured on, the factor that scales only its
+        *bandwidth* part to this cluster (another fabric's NVLink bandwidth, NVLS, a mesh's share of links), the
+        smallest message it measured (0 without a curve), whether it was measured on this cluster's fabric). The
+        default curves are stated on a fabric of their sources' median NVLink bandwidth (fit.default_table)."""
         curve, scale, measured = self._domain_curve(collective, ranks)
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
             scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
@@ -147,8 +146,8 @@ class CommModel:
             scale *= links / max(self.cluster.nvlink_domain_gpus - 1, 1)
         if curve is None:
             bw = self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY
-            return bw, bw, scale, 0.0, measured
-        return curve.at(size), max(curve.busbw_bytes_per_s), scale, 2.0 ** curve.log2_bytes[0], measured
+            return bw, scale, 0.0, measured
+        return curve.at(size), scale, 2.0 ** curve.log2_bytes[0], measured
 
     def _network_busbw(self, per_domain: int) -> float:
         c = self.cluster
@@ -171,23 +170,19 @@ class CommModel:
 
     def _domain_time(self, collective: str, n: int, size: float) -> float:
         """Seconds for ``collective`` of ``size`` bytes over ``n`` ranks inside one NVLink domain."""
-        busbw, plateau, scale, smallest, measured = self._domain_rate(collective, n, size)
+        busbw, scale, smallest, measured = self._domain_rate(collective, n, size)
         factor = bus_factor(collective, n)
         # Below the smallest message the curve measured, a collective takes as long as that message: small
         # ones are latency-bound (Vidur's 8-GPU DGX H100 all-reduce takes 20-38 us from 2 KiB to 90 KiB,
         # data/calibration/vidur/network/h100_dgx/all_reduce.csv), where a flat bandwidth would make a
         # 2 KiB one take 0.5 us.
         t = factor * max(size, smallest) / busbw
-        if scale > 1.0:
-            # Faster (NVLS, a what-if fabric faster than the one measured): the curve's time shrinks by the gain but
-            # never below its smallest message's, all latency, which NCCL's tuning model keeps apart from the
-            # bandwidth (src/graph/tuning.cc; NVLS runs the Simple protocol only, so small messages do not use it).
-            floor = factor * smallest / self._domain_rate(collective, n, smallest)[0] if smallest > 0 else 0.0
-            t = max(t / scale, floor)
-        elif scale < 1.0:
-            # Slower (a mesh's share of links, a slower what-if fabric): the bytes, at the curve's plateau, take
-            # that much longer; the latency does not grow with a narrower link.
-            t += factor * size / plateau * (1.0 / scale - 1.0)
+        if scale != 1.0:
+            # NVLS, a mesh's share of links, a what-if fabric: what the curve takes beyond its smallest message's
+            # time (all latency, which NCCL's tuning model keeps apart from the bandwidth, src/graph/tuning.cc; NVLS
+            # runs the Simple protocol only, never for small messages) scales with the bandwidth, the latency stays.
+            latency = factor * smallest / self._domain_rate(collective, n, smallest)[0] if smallest > 0 else 0.0
+            t = latency + (t - latency) / scale
         if not measured:
             # A default curve's small messages were measured on other fabrics: the cluster's own per-step NVLink
             # latency bounds the time from below (curves measured on this fabric carry their own).
@@ -231,12 +226,11 @@ def _network_latency(collective: str, n: int, k: int, intra: float, inter: float
 
 
 def _steps(collective: str, n: int) -> int:
-    """Latency-bound steps of ``collective`` over ``n`` ranks: one for a point-to-point transfer, n − 1 for a ring
-    (all-gather, reduce-scatter, all-to-all), and for all-reduce the fewer of a ring's 2(n − 1) and a double binary
-    tree's 4·log2(n). NCCL's tuning model charges a tree all-reduce 2·log2 of its nodes in network steps
-    (src/graph/tuning.cc), so across nodes this counts up to twice its latency, microseconds per collective; inside a
-    domain the 4 puts the bound of default curves at 12 steps for 8 GPUs, 36 us at 3 us a step, where Vidur measured
-    20-38 us for a small 8-GPU all-reduce on DGX H100 (data/calibration/vidur/network/h100_dgx/all_reduce.csv)."""
+    """Latency-bound steps of ``collective`` over ``n`` ranks inside one NVLink domain, for the lower bound of
+    default curves (:meth:`CommModel._domain_time`): one for a point-to-point transfer, n − 1 for a ring (all-gather,
+    reduce-scatter, all-to-all), and for all-reduce the fewer of a ring's 2(n − 1) and 4·log2(n); the 4 puts the
+    bound at 12 steps for 8 GPUs, 36 us at 3 us a step, where Vidur measured 20-38 us for a small 8-GPU all-reduce on
+    DGX H100 (data/calibration/vidur/network/h100_dgx/all_reduce.csv). Across nodes see :func:`_network_latency`."""
     if collective == "send_recv":
         return 1
     if collective == "all_reduce":

@@ -103,8 +103,12 @@ class ComputeModel:
         falls with size there; this floor stops it at what a kernel was measured to take at least (launch and
         ramp-up latency), without holding, say, an attention curve that starts at 100 µs kernels at 100 µs."""
         if self._floor is None:
-            table = self.table if self.table is not None and self.table.compute else self.default
-            self._floor = min((self._first_point_s(c) for c in table.compute), default=0.0) if table else 0.0
+            # The curves this device's ops are timed on: its table's, and the default ones for the classes the table
+            # lacks (a partial table must not hold every kernel at its own shortest, say a 100 µs attention curve).
+            own = self.table.compute if self.table is not None else ()
+            covered = {c.op for c in own}
+            fallback = tuple(c for c in self.default.compute if c.op not in covered) if self.default else ()
+            self._floor = min((self._first_point_s(c) for c in (*own, *fallback)), default=0.0)
         return self._floor
 
     def _first_point_s(self, curve: EfficiencyCurve) -> float:

@@ -44,9 +44,10 @@ __all__ = [
 # Schedules are pure functions of (schedule, p, m, v); the free-knob search sizes the same schedule once per
 # recompute option it tries, and one search tries tens of (micro-batch, vp) pairs (GPT-3 175B on 1,024 GPUs: 38
 # schedules, each needed again for its candidates' twins and recompute options), so the most recently used are
-# kept (schedule_with_in_flight) up to 4,000,000 tasks in all. Tasks are shared objects (_task), so a kept
-# schedule costs a reference per task, 8 bytes: at most about 32 MB. One of more than 1,000,000 tasks (p·m·v·2)
-# is rebuilt each time rather than held. A cache of 8 schedules had made such a search rebuild every one of them.
+# kept (schedule_with_in_flight) up to 4,000,000 tasks and in-flight counts in all. Tasks are shared objects
+# (_task), so a kept schedule costs a reference per task or count, 8 bytes: at most about 32 MB. One of more than
+# 1,000,000 (p·m·v·2 tasks, plus about p·v² counts for a deep interleaved schedule) is rebuilt each time. A cache
+# of 8 schedules had made such a search rebuild every one of them.
 SCHEDULE_CACHE_BUDGET_TASKS = 4_000_000
 SCHEDULE_CACHE_MAX_TASKS = 1_000_000
 
@@ -246,21 +247,21 @@ _SIZED = _SizedCache(SCHEDULE_CACHE_BUDGET_TASKS)
 
 
 def schedule_with_in_flight(schedule: str, p: int, m: int, v: int = 1) -> SizedSchedule:
-    """:func:`generate` and every stage's :func:`in_flight`: what sizing a plan needs (schedules of up to
-    SCHEDULE_CACHE_MAX_TASKS tasks cached; the result is immutable)."""
+    """:func:`generate` and every stage's :func:`in_flight` (read off the shortest schedule that has the same entries,
+    :func:`steady_micro_batches`). Cached while the tasks and in-flight counts held stay within
+    SCHEDULE_CACHE_MAX_TASKS (a deep interleaved schedule's entries grow with vp²); the result is immutable."""
     key = (schedule, p, m, v)
     hit = _SIZED.get(key)
     if hit is not None:
         return hit
-    sized = _schedule_with_in_flight(schedule, p, m, v)
-    tasks = sum(len(order) for order in sized[0])
-    if tasks <= SCHEDULE_CACHE_MAX_TASKS:
-        _SIZED.put(key, sized, tasks)
+    orders = generate(schedule, p, m, v)
+    short = steady_micro_batches(schedule, p, m, v)
+    live = stage_in_flight(schedule, p, short, v) if short != m else tuple(in_flight(order, v) for order in orders)
+    sized = (orders, live)
+    held = sum(len(order) for order in orders) + sum(len(entries) * v for entries in live)
+    if held <= SCHEDULE_CACHE_MAX_TASKS:
+        _SIZED.put(key, sized, held)
     return sized
-
-
-def _schedule_with_in_flight(schedule: str, p: int, m: int, v: int) -> SizedSchedule:
-    return generate(schedule, p, m, v), stage_in_flight(schedule, p, m, v)
 
 
 def steady_micro_batches(schedule: str, p: int, m: int, v: int = 1) -> int:
@@ -277,12 +278,9 @@ def steady_micro_batches(schedule: str, p: int, m: int, v: int = 1) -> int:
     return min(m, shortest)
 
 
-@lru_cache(maxsize=1024)
 def stage_in_flight(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Every stage's :func:`in_flight` entries, which is all sizing a plan's memory needs, computed on the
-    shortest schedule that has them (:func:`steady_micro_batches`): a step of thousands of micro-batches is sized
-    from a few dozen, and its task orders are only generated if the engine runs it."""
-    short = steady_micro_batches(schedule, p, m, v)
-    if short != m:
-        return stage_in_flight(schedule, p, short, v)
-    return tuple(in_flight(order, v) for order in generate(schedule, p, m, v))
+    """Every stage's :func:`in_flight` entries, which is all sizing a plan's memory needs, read off the shortest
+    schedule that has them (:func:`steady_micro_batches`): a step of thousands of interleaved micro-batches is sized
+    from a few dozen, and the long schedule's task orders are only generated if the engine runs it. (Other schedules
+    are generated whole, and cached for the engine, by :func:`schedule_with_in_flight`.)"""
+    return schedule_with_in_flight(schedule, p, steady_micro_batches(schedule, p, m, v), v)[1]

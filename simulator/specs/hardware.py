@@ -166,8 +166,9 @@ class ClusterSpec:
     the all-links figure, of which a group of k GPUs uses (k − 1) / (domain − 1), a point-to-point transfer 1).
     ``topology`` describes the network (``rail_optimized`` or ``fat_tree``); both are modelled as non-blocking, and
     ``oversubscription`` is what slows it. ``intra_node_latency_s`` bounds NVLink collectives from below per step
-    where they run on the default curves (measured curves carry their own latency); ``inter_node_latency_s`` is
-    added per step of a collective across nodes.
+    where they run on the default curves (measured curves carry their own latency), and is the latency of the steps
+    inside a node of a collective across nodes, whose steps between nodes take ``inter_node_latency_s`` (NCCL's
+    tuning model, src/graph/tuning.cc).
     """
 
     name: str

@@ -296,6 +296,9 @@ def _refuse_sliding_window(f: Fields, model_type: str) -> None:
         return
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise f.error("sliding_window", f"must be a token count or null, got {window!r}", "write a whole number")
+    positions = f.raw("max_position_embeddings", None)
+    if isinstance(positions, int) and not isinstance(positions, bool) and window >= positions:
+        return  # no sequence the model takes is longer than the window: full causal attention
     raise f.error(
         "sliding_window",
         f"sliding-window attention ({window} tokens) is not modelled: sequences longer than the window would be "
@@ -342,7 +345,13 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     dense = set(dense_layers) | set(range(leading))
     sparse = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
     if not sparse:
-        key = "mlp_only_layers" if dense_layers else "decoder_sparse_step"
+        key = (
+            "mlp_only_layers"
+            if dense_layers
+            else "first_k_dense_replace"
+            if leading >= layers
+            else "decoder_sparse_step"
+        )
         raise f.error(
             key,
             f"leaves no MoE layer of the {layers} (decoder_sparse_step {step}, mlp_only_layers {sorted(dense_layers)})",

@@ -343,6 +343,10 @@ def test_train_tokens_turns_the_step_into_days_and_gpu_hours(capsys: pytest.Capt
     assert f"training on 1.5T tokens: {steps:,.0f} steps" in out
     assert "per GPU: " in out
     assert " model TFLOP/s" in out
+    # A plan that does not fit has no training time: its step is what it would take if it fitted.
+    code, out, _ = run([*LLAMA8, "--micro-batch", "64", "--train-tokens", "1T", "--format", "json"], capsys)
+    assert code == 3
+    assert json.loads(out)["train"] is None
     for bad in ("0", "-3T", "lots", "1e400", "nanT"):
         code, _, err = run([*LLAMA8, "--train-tokens", bad], capsys)
         assert code == 2, bad

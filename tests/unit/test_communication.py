@@ -26,7 +26,9 @@ def _time(cluster_name: str, collective: str, ranks: int, *, nvls: bool, stride:
 def test_nvls_speeds_up_an_eight_gpu_all_reduce_by_the_measured_ratio() -> None:
     ring = _time("dgx-h100", "all_reduce", 8, nvls=False)
     nvls = _time("dgx-h100", "all_reduce", 8, nvls=True)
-    assert ring / nvls == pytest.approx(NVLS_GAIN[8])
+    # The gain divides what the time exceeds the smallest measured message's (latency, kept): at 256 MiB almost all.
+    assert ring / nvls == pytest.approx(NVLS_GAIN[8], rel=0.01)
+    assert ring / nvls < NVLS_GAIN[8]
     assert NVLS_GAIN[8] == pytest.approx(480 / 370)
 
 
@@ -43,7 +45,7 @@ def test_nvls_only_accelerates_all_reduce(collective: str) -> None:
 def test_the_default_table_gets_the_gain_too() -> None:
     """dgx-b200 has no measured table: its default (ring) curve is scaled by the same NVLS gain."""
     ring = _time("dgx-b200", "all_reduce", 8, nvls=False)
-    assert ring / _time("dgx-b200", "all_reduce", 8, nvls=True) == pytest.approx(NVLS_GAIN[8])
+    assert ring / _time("dgx-b200", "all_reduce", 8, nvls=True) == pytest.approx(NVLS_GAIN[8], rel=0.02)
 
 
 @pytest.mark.parametrize(("collective", "ranks"), [("all_reduce", 8), ("all_reduce", 2), ("reduce_scatter", 4)])
@@ -77,7 +79,7 @@ def test_an_nvlink_what_if_scales_the_fabric_curves() -> None:
     for cluster in (base, fast):
         comm = CommModel(cluster, None, load_calibration("default"))
         times.append(comm.time(Comm("c", "all_gather", place("g", 8, 1, cluster), SIZE, "tp")))
-    assert times[0] / times[1] == pytest.approx(2.0)
+    assert times[0] / times[1] == pytest.approx(2.0, rel=0.02)  # the measured latency stays
 
 
 def test_network_ring_is_paced_by_the_nics_at_the_achieved_fraction_of_line_rate() -> None:

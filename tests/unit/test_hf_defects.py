@@ -361,6 +361,8 @@ def test_qwen_moe_dense_layers_before_the_sparse_pattern_start_it() -> None:
         ({"model_type": "mistral", "sliding_window": None}, False),  # v0.3
         ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False}, False),  # Qwen2's default
         ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}, True),
+        # A window as long as the positions never takes effect (Ministral 8B: 32,768 both).
+        ({"model_type": "mistral", "sliding_window": 32768, "max_position_embeddings": 32768}, False),
     ],
 )
 def test_sliding_window_attention_is_refused_not_timed_as_full(changes: dict, refused: bool) -> None:

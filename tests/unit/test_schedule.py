@@ -98,14 +98,14 @@ def test_small_schedules_are_cached_and_large_ones_are_not_held() -> None:
 def test_the_schedule_cache_holds_a_whole_search_and_drops_the_least_recent_past_its_budget() -> None:
     """A free-knob search sizes tens of schedules, each again for its twins and recompute options: all of them
     stay cached (a cache of 8 had rebuilt every one); past the task budget the least recently used goes first."""
-    from simulator.parallel.schedule import _schedule_with_in_flight, _SizedCache, schedule_with_in_flight
+    from simulator.parallel.schedule import _SizedCache, schedule_with_in_flight
 
     keys = [(4, m, v) for m in (4, 8, 12, 16, 20, 24, 28, 32) for v in (2, 3, 4, 6)]
     first = [schedule_with_in_flight("interleaved", p, m, v) for p, m, v in keys]
     again = [schedule_with_in_flight("interleaved", p, m, v) for p, m, v in keys]
     assert all(x is y for x, y in zip(first, again, strict=True))
     cache = _SizedCache(budget_tasks=10)
-    a, b, c = (_schedule_with_in_flight("1f1b", 1, n, 1) for n in (2, 2, 3))
+    a, b, c = (schedule_with_in_flight("1f1b", 1, n, 1) for n in (2, 2, 3))
     cache.put(("1f1b", 1, 2, 1), a, 4)
     cache.put(("gpipe", 1, 2, 1), b, 4)
     assert cache.get(("1f1b", 1, 2, 1)) is a  # now the most recent

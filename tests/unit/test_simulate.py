@@ -551,3 +551,23 @@ def test_no_kernel_is_timed_shorter_than_the_shortest_one_measured_on_the_device
     short, shorter = Op(name="a", **attention), Op(name="a", **{**attention, "seq_q": 1024, "seq_kv": 1024})
     assert cm.floor_s < cm.time(shorter) < cm.time(short) < 1e-4
     assert cm.time(Op(name="m", kind="memory", read_bytes=64.0, write_bytes=64.0)) == cm.floor_s
+
+
+def test_a_partial_table_floors_kernels_at_the_curves_they_are_timed_on() -> None:
+    """The shortest-kernel floor counts the default curves a table falls back to: a table with only an attention
+    curve (kernels of 100 µs and more) had held every small elementwise op at that (found by a review)."""
+    from dataclasses import replace
+
+    from simulator.cost.compute import ComputeModel
+    from simulator.graph.ops import Op
+    from simulator.run import _default_table
+
+    cluster = load_cluster("dgx-h100")
+    assert cluster.calibration is not None
+    partial = replace(
+        cluster.calibration, compute=tuple(c for c in cluster.calibration.compute if c.op == "attention_fa2")
+    )
+    cm = ComputeModel(cluster.device, partial, _default_table(), "bf16")
+    assert cm.floor_s < 5e-6
+    small = Op(name="m", kind="memory", read_bytes=1e6, write_bytes=1e6)
+    assert cm.time(small) < 20e-6

@@ -99,7 +99,7 @@ class StepResult:
     memory: tuple[StageMemory, ...]
     breakdown: dict[str, float]
     stage_breakdown: tuple[dict[str, float], ...]
-    critical_stage: int
+    critical_stage: int | None  # None where the plan has no times (cannot run, or out of memory untimed)
     chosen: dict[str, Any]
     uncalibrated_ops: tuple[str, ...]
     calibration: str
@@ -1023,7 +1023,7 @@ def _infeasible_result(
         memory=memory,
         breakdown={},
         stage_breakdown=(),
-        critical_stage=-1,
+        critical_stage=None,
         chosen=chosen,
         uncalibrated_ops=(),
         calibration=cluster.calibration_label,

@@ -200,6 +200,10 @@ class ValidationReport:
                 frame[col] = frame[col].map(lambda c: json.dumps(c, sort_keys=True))
         if "uncalibrated" in frame:
             frame["uncalibrated"] = frame["uncalibrated"].map(";".join)
+        for col in ("num_gpus", "global_batch"):
+            if col in frame:
+                # Whole numbers stay whole when an invalid row leaves one empty (pandas would make the column float).
+                frame[col] = frame[col].astype("Int64")
         return frame
 
     def to_dict(self) -> dict[str, Any]:

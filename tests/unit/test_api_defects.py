@@ -233,6 +233,9 @@ def test_a_sweep_can_take_plans_that_cannot_run_as_answers() -> None:
     assert not answer.feasible
     assert "'tp' must divide 'heads'" in answer.reason
     assert answer.to_dict()["step_time_s"] is None
+    # No times, so no critical stage either: None, not -1, which indexes the last stage and plots as a stage.
+    assert answer.critical_stage is None
+    assert answer.to_row()["critical_stage"] is None
 
 
 def test_every_row_has_the_same_columns() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -426,3 +427,13 @@ def test_the_table_caps_absurd_percentages() -> None:
     assert _pct(1e300) == ">1e6%"
     assert _signed_pct(-0.0001) == "+0.0%"
     assert _signed_pct(0.1234) == "+12.3%"
+
+
+def test_whole_number_columns_stay_whole_when_a_row_leaves_them_empty() -> None:
+    """An invalid row with an empty num_gpus made pandas write the column as floats (8.0) in --out, so it no longer
+    joined onto the input by num_gpus (found by an output review)."""
+    rows = [_row(), _row(run_id="r2", num_gpus=None)]
+    frame = validate_frame(pd.DataFrame(rows), "t.csv").rows_frame()
+    assert str(frame["num_gpus"].dtype) == "Int64"
+    written = pd.read_csv(io.StringIO(frame.to_csv(index=False)), dtype=str, keep_default_na=False)
+    assert list(written["num_gpus"]) == ["8", ""]

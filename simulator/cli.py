@@ -192,7 +192,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     result = simulate(model, cluster, plan, record=args.trace is not None, raise_infeasible=False)
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
-        _write_output(args.trace, chrome_trace_json(result.timeline, title=title), "--trace")
+        summary = result.to_dict()
+        meta = {k: summary[k] for k in ("step_time_s", "plan", "breakdown", "feasible", "reason", "chosen")}
+        _write_output(args.trace, chrome_trace_json(result.timeline, title=title, meta=_json_safe(meta)), "--trace")
+        if not result.timeline:
+            print(f"note: --trace {args.trace}: the plan has no timeline ({result.reason})", file=sys.stderr)
     train = None
     if tokens is not None and result.feasible:  # an out-of-memory plan's time is what it would take if it fitted
         train = result.time_to_train(tokens)

@@ -4,6 +4,11 @@ One process per pipeline stage, one thread (track) per stream: compute, data-par
 Idle time on the compute stream between tasks is drawn as explicit ``idle`` slices so pipeline bubbles are
 visible at a glance. Timestamps are microseconds, as the Trace Event Format requires (Google, "Trace Event
 Format", ``ph: X`` complete events and ``ph: M`` metadata events).
+
+A task is named ``<kind><micro-batch>.<chunk>``: ``F3.1`` is the forward of micro-batch 3 through the stage's model
+chunk 1 (``B`` backward, ``W`` weight gradients under zb_h1); its ``args`` spell that out. A transfer on a send
+track is named ``send F3.1``, the output of that task on its way to the next stage. ``otherData`` carries the
+title and whatever the caller adds (the CLI: the plan, the step time and its breakdown).
 """
 
 from __future__ import annotations
@@ -17,12 +22,16 @@ __all__ = ["chrome_trace", "chrome_trace_json"]
 _TRACKS = ("compute", "dp", "send_fwd", "send_bwd")
 
 
-def chrome_trace(timeline: Sequence[tuple[int, str, str, float, float]], *, title: str = "") -> dict[str, Any]:
-    """Trace Event Format mapping for ``(stage, stream, name, start_s, end_s)`` rows.
+def chrome_trace(
+    timeline: Sequence[tuple[int, str, str, float, float]], *, title: str = "", meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Trace Event Format mapping for ``(stage, stream, name, start_s, end_s)`` rows; ``meta`` goes to ``otherData``.
 
     >>> t = chrome_trace([(0, "compute", "F0.0", 0.0, 1e-3), (0, "compute", "B0.0", 2e-3, 3e-3)])
     >>> [e["name"] for e in t["traceEvents"] if e["ph"] == "X"]
     ['F0.0', 'idle', 'B0.0']
+    >>> t["traceEvents"][-1]["args"]
+    {'kind': 'backward', 'micro_batch': 0, 'chunk': 0, 'stage': 0}
     """
     events: list[dict[str, Any]] = []
     stages = sorted({row[0] for row in timeline})
@@ -42,16 +51,33 @@ def chrome_trace(timeline: Sequence[tuple[int, str, str, float, float]], *, titl
             # and ends earlier: the stream's last end never moves back, so idle slices never cover work.
             last_end[stage] = max(prev, end)
         cat = "optimizer" if name == "optimizer" else stream if stream != "compute" else name[:1]
-        events.append(_slice(stage, tid, name, cat, start, end))
-    meta: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
-    if title:
-        meta["otherData"] = {"title": title}
-    return meta
+        task = _task_args(name, stage)
+        label = f"send {name}" if stream.startswith("send") else name
+        events.append(_slice(stage, tid, label, cat, start, end, task))
+    trace: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms"}
+    other = ({"title": title} if title else {}) | dict(meta or {})
+    if other:
+        trace["otherData"] = other
+    return trace
 
 
-def _slice(pid: int, tid: int, name: str, cat: str, start: float, end: float) -> dict[str, Any]:
+_KINDS = {"F": "forward", "B": "backward", "W": "weight gradients"}
+
+
+def _task_args(name: str, stage: int) -> dict[str, Any] | None:
+    """What a task name (``F3.1``) stands for, or None for other slices."""
+    kind, rest = name[:1], name[1:]
+    mb, dot, chunk = rest.partition(".")
+    if kind not in _KINDS or not dot or not mb.isdigit() or not chunk.isdigit():
+        return None
+    return {"kind": _KINDS[kind], "micro_batch": int(mb), "chunk": int(chunk), "stage": stage}
+
+
+def _slice(
+    pid: int, tid: int, name: str, cat: str, start: float, end: float, args: dict[str, Any] | None = None
+) -> dict[str, Any]:
     ts = round(start * 1e6, 3)
-    return {
+    event: dict[str, Any] = {
         "ph": "X",
         "name": name,
         "cat": cat,
@@ -62,8 +88,13 @@ def _slice(pid: int, tid: int, name: str, cat: str, start: float, end: float) ->
         # 1 ns after the next one on its track starts, which Perfetto reports as misnested slices.
         "dur": round(round(end * 1e6, 3) - ts, 3),
     }
+    if args:
+        event["args"] = args
+    return event
 
 
-def chrome_trace_json(timeline: Sequence[tuple[int, str, str, float, float]], *, title: str = "") -> str:
+def chrome_trace_json(
+    timeline: Sequence[tuple[int, str, str, float, float]], *, title: str = "", meta: dict[str, Any] | None = None
+) -> str:
     """The trace as a JSON string (deterministic: same input, same bytes)."""
-    return json.dumps(chrome_trace(timeline, title=title), separators=(",", ":"), sort_keys=True)
+    return json.dumps(chrome_trace(timeline, title=title, meta=meta), separators=(",", ":"), sort_keys=True)

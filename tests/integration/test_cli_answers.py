@@ -394,3 +394,24 @@ def test_a_hand_written_cluster_of_a_measured_device_is_told_about_its_table(
     code, _, err = run(["check", str(find_file("cluster", "dgx-h100"))], capsys)
     assert code == 0
     assert not err
+
+
+def test_trace_events_say_what_they_are_and_the_file_carries_the_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task slice's args spell out its name (F3.1: forward of micro-batch 3, chunk 1), transfers read
+    ``send F3.1`` (not the compute slice's name again), and otherData holds the step time, plan and breakdown."""
+    path = tmp_path / "t.json"
+    code, out, _ = run([*LLAMA8, "--trace", str(path), "--format", "json"], capsys)
+    assert code == 0
+    data = json.loads(path.read_text())
+    answer = json.loads(out)
+    assert data["otherData"]["step_time_s"] == answer["step_time_s"]
+    assert data["otherData"]["breakdown"] == answer["breakdown"]
+    assert data["otherData"]["plan"]["tp"] == 2
+    slices = [e for e in data["traceEvents"] if e["ph"] == "X"]
+    forward = next(e for e in slices if e["name"] == "F3.0" and e["tid"] == 0)
+    assert forward["args"] == {"kind": "forward", "micro_batch": 3, "chunk": 0, "stage": forward["pid"]}
+    sends = [e for e in slices if e["tid"] in (2, 3)]
+    assert sends
+    assert all(e["name"].startswith("send ") for e in sends)

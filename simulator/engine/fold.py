@@ -45,7 +45,10 @@ class FoldResult:
     ``duration_s`` runs until the last stream finishes; ``compute_s`` is busy compute time (slowdown
     included); ``exposed`` maps a comm kind to the time compute spent waiting for it (plus any tail after
     compute ended); ``comm_s`` maps a kind to its total (possibly hidden) busy time. ``timeline`` holds
-    ``(name, stream, kind, start, end)`` per step when requested.
+    ``(name, stream, kind, start, end)`` per step when requested. ``output_s`` is when the task's output (the
+    activation or gradient the next stage needs) is ready: before ``duration_s`` only where detached collectives
+    on the data-parallel stream (ZeRO-3's gradient reduce-scatters) run on after everything else; None means at the
+    end.
     """
 
     duration_s: float
@@ -53,6 +56,12 @@ class FoldResult:
     exposed: tuple[tuple[str, float], ...]
     comm_s: tuple[tuple[str, float], ...]
     timeline: tuple[tuple[str, str, str, float, float], ...] = ()
+    output_s: float | None = None
+
+    @property
+    def ready_s(self) -> float:
+        """Seconds from the task's start until its output can be sent (:attr:`output_s`, else the duration)."""
+        return self.duration_s if self.output_s is None else self.output_s
 
     def exposed_of(self, kind: str) -> float:
         """Exposed seconds of one comm kind."""
@@ -167,6 +176,9 @@ def fold(
         if timeline:
             rows.append((step.name, step.stream, step.kind, start, end))
     total = max(ends, default=0.0)
+    # The output waits for every step but the data-parallel collectives nothing in the program waits for.
+    waited = {w for step in steps for w in step.waits}
+    ready = max((ends[i] for i, st in enumerate(steps) if st.stream != "dp" or i in waited), default=0.0)
     if total > compute_free:
         # Collectives still running after the last compute: charged along the chain of the one that ends last.
         last = max(range(len(steps)), key=lambda j: (ends[j], -j))
@@ -177,4 +189,5 @@ def fold(
         exposed=tuple(sorted(exposed.items())),
         comm_s=tuple(sorted(comm.items())),
         timeline=tuple(rows),
+        output_s=ready if ready < total else None,
     )

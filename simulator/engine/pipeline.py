@@ -30,6 +30,7 @@ critical path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import simpy
 
@@ -175,11 +176,18 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     done: dict[tuple[int, str, int, int], simpy.Event] = {}
     arrive: dict[tuple[int, str, int, int], simpy.Event] = {}
     sent_at: dict[int, float] = {}
+    # When a task's output may leave for the next stage: at its end, except where its program ends with detached
+    # data-parallel collectives (ZeRO-3's gradient reduce-scatters, FoldResult.output_s), which the output does not
+    # wait for; such stages get events of their own, the others share the completion events.
+    output: dict[tuple[int, str, int, int], simpy.Event] = {}
     for s, st in enumerate(inp.stages):
+        early = any(r.output_s is not None for r in (*st.fwd, *st.bwd))
         for t in st.order:
-            done[(s, t.kind, t.mb, t.chunk)] = env.event()
+            key = (s, t.kind, t.mb, t.chunk)
+            done[key] = env.event()
             if t.kind in ("F", "B"):
-                arrive[(s, t.kind, t.mb, t.chunk)] = env.event()
+                arrive[key] = env.event()
+                output[key] = env.event() if early else done[key]
 
     def source(s: int, t: Task) -> tuple[int, str, int, int] | None:
         """The task on another stage whose output task ``t`` on stage ``s`` needs."""
@@ -217,7 +225,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 hop = (s - 1) % p
             shared = bool(duration > 0 and inp.hop_network and inp.hop_network[hop])
             label = f"{kind}{t.mb}.{t.chunk}"
-            out.append((done[(s, kind, t.mb, t.chunk)], arrive[dest], dest[0], duration, shared, label))
+            out.append((output[(s, kind, t.mb, t.chunk)], arrive[dest], dest[0], duration, shared, label))
         return out
 
     def link(s: int, kind: str) -> simpy.events.ProcessGenerator:
@@ -351,8 +359,10 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             arrival = arrive[(s, t.kind, t.mb, t.chunk)] if source(s, t) is not None else None
             res = st.fwd[t.chunk] if t.kind == "F" else st.bwd[t.chunk] if t.kind == "B" else st.wgt[t.chunk]
             buckets = st.dp_buckets[t.chunk] if last_bwd[s].get(t.chunk) == t and not aligned else ()
-            tasks.append((t, t.kind != "F", own, arrival, res, buckets, done[(s, t.kind, t.mb, t.chunk)]))
-        for position, (t, needs_own, own, arrival, res, buckets, finished) in enumerate(tasks):
+            key = (s, t.kind, t.mb, t.chunk)
+            early = output[key] if key in output and output[key] is not done[key] else None
+            tasks.append((t, t.kind != "F", own, arrival, res, buckets, done[key], early))
+        for position, (t, needs_own, own, arrival, res, buckets, finished, early) in enumerate(tasks):
             if needs_own and (own is None or not own.triggered):
                 break  # a schedule that runs a task before its prerequisite: reported as a deadlock
             if arrival is not None and not arrival.triggered:
@@ -374,6 +384,9 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 a.dp += gathered[(t.chunk, 0)] - env.now
                 yield env.timeout(gathered[(t.chunk, 0)] - env.now)
             start = env.now
+            if early is not None and res.output_s is not None:
+                # The output leaves once everything but the detached data-parallel collectives is done.
+                env.timeout(res.output_s).callbacks.append(partial(_succeed, early))
             if cp_on_network[s] and res.duration_s > 0:
                 cp_busy = dict(res.comm_s).get("cp", 0.0)
                 cp_window[s] = (start + res.duration_s, min(cp_busy / res.duration_s, 1.0))
@@ -416,6 +429,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             for b in in_bulk.get(position, ()):
                 reduce(b, env.now)
             finished.succeed()
+            if early is not None and not early.triggered and res.output_s is None:
+                early.succeed()
         # Gradient reduction must finish before the optimizer step.
         compute_end = env.now
         for b in deferred:
@@ -494,22 +509,32 @@ def _final_backward_kind(order: tuple[Task, ...]) -> str:
     return "W" if any(t.kind == "W" for t in order) else "B"
 
 
+def _succeed(event: simpy.Event, _trigger: simpy.Event) -> None:
+    """Trigger ``event`` (a callback of the timeout ``_trigger``)."""
+    event.succeed()
+
+
 def _critical_path(inp: PipelineInput) -> float:
     """Longest dependency chain of one micro-batch through every virtual stage and back, plus the optimizer:
     a lower bound on the step that ignores that a stream runs one task at a time."""
     p = len(inp.stages)
     v = inp.vp
     t = _first_bucket_s(inp.stages[0]) if inp.grad_overlap and p else 0.0
+    # A task hands its output on at ready_s (before its end where detached data-parallel collectives trail it).
     for vs in range(p * v):
         chunk, s = divmod(vs, p)
-        t += inp.stages[s].fwd[chunk].duration_s
+        res = inp.stages[s].fwd[chunk]
         if vs < p * v - 1:
-            t += inp.send_fwd_s[s]
+            t += res.ready_s + inp.send_fwd_s[s]
+        else:
+            t += res.duration_s
     for vs in reversed(range(p * v)):
         chunk, s = divmod(vs, p)
-        t += inp.stages[s].bwd[chunk].duration_s
+        res = inp.stages[s].bwd[chunk]
         if vs > 0:
-            t += inp.send_bwd_s[(s - 1) % p]
+            t += res.ready_s + inp.send_bwd_s[(s - 1) % p]
+        else:
+            t += res.duration_s
     first = inp.stages[0]
     return t + (first.wgt[0].duration_s if first.wgt else 0.0) + first.optimizer_s
 
@@ -545,8 +570,9 @@ def lower_bound(inp: PipelineInput) -> float:
         first = max(fill, _first_bucket_s(st) if inp.grad_overlap else 0.0)  # earliest start of the first task
         bound = max(bound, first + busy + after)
         if s > 0 and last is not None and last.kind == "B" and last.chunk == 0:
-            bound = max(bound, first + busy + drain + inp.stages[0].optimizer_s)
+            handed = busy - (st.bwd[0].duration_s - st.bwd[0].ready_s)  # its gradient leaves before its end
+            bound = max(bound, first + handed + drain + inp.stages[0].optimizer_s)
         if s < p - 1:
-            fill = first + st.fwd[0].duration_s + inp.send_fwd_s[s]
-            drain += st.bwd[0].duration_s + inp.send_bwd_s[s]
+            fill = first + st.fwd[0].ready_s + inp.send_fwd_s[s]
+            drain += (st.bwd[0].duration_s if s == 0 else st.bwd[0].ready_s) + inp.send_bwd_s[s]
     return bound

@@ -439,3 +439,20 @@ def test_aligned_reduction_with_interleaving_launches_a_chunk_s_backward_passes_
         expected = sorted(backs[min(k + s, len(backs) - 1)][1] for k in chunk_last.values())
         assert starts[0] == pytest.approx(expected[0])
         assert starts[-1] >= expected[-1] - 1e-9
+
+
+def test_a_zero3_backward_hands_its_gradient_on_before_its_trailing_reduce_scatter() -> None:
+    """ZeRO-3 reduce-scatters each layer's gradients on the data-parallel stream, detached from compute; the
+    input gradient goes to the previous stage when the compute is done, not when the last scatter is (found by a
+    schedule review: every backward with pp > 1 had waited for it). Without ZeRO-3 a send starts at the task's end."""
+    from simulator.run import simulate
+    from simulator.specs import PlanSpec, load_cluster, load_model
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    plan = PlanSpec(tp=1, pp=4, dp=4, global_batch=32, micro_batch=1, vp=1, recompute="full", grad_overlap=True)
+    for zero, early in ((3, True), (1, False)):
+        r = simulate(model, cluster, plan.with_(zero_stage=zero), record=True)
+        rows = {(row[1], row[2]): row for row in r.timeline if row[0] == 1}
+        task, send = rows[("compute", "B0.0")], rows[("send_bwd", "B0.0")]
+        assert (send[3] < task[4] - 1e-9) is early, zero
+        assert send[3] >= task[3]

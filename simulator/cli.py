@@ -394,9 +394,10 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
         for name, _ in list_names("cluster"):
             c = load_cluster(name)
             cal = c.calibration_label or "default curves"
+            domain = f", domain {c.nvlink_domain_gpus}" if c.nvlink_domain_gpus != c.gpus_per_node else ""
             print(
                 f"  {name:<20} {c.gpus_per_node}x {c.device.name:<18} "
-                f"NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s  "
+                f"{_fabric(c)} {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s{domain}  "
                 f"{c.nics_per_node}x{c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s  ({cal})"
             )
         return EXIT_OK
@@ -463,11 +464,17 @@ def _device_text(d: Any) -> str:
     return "\n".join(lines)
 
 
+def _fabric(c: Any) -> str:
+    """The scale-up fabric's name: AMD's GPUs link by Infinity Fabric, NVIDIA's by NVLink (the spec's nvlink_* keys
+    describe either)."""
+    return "Infinity Fabric" if c.device.vendor == "amd" else "NVLink"
+
+
 def _cluster_text(c: Any) -> str:
     lines = [
         f"cluster {c.name}",
-        f"  {c.gpus_per_node} GPUs per node, NVLink domain of {c.nvlink_domain_gpus} GPUs",
-        f"  NVLink {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s per GPU per direction"
+        f"  {c.gpus_per_node} GPUs per node, {_fabric(c)} domain of {c.nvlink_domain_gpus} GPUs",
+        f"  {_fabric(c)} {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s per GPU per direction"
         f"{', direct mesh (a group of k uses k-1 peer links)' if c.nvlink_topology == 'mesh' else ''}, NVLS "
         f"{'yes' if c.nvls else 'no'}",
         f"  {c.nics_per_node} NICs x {c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s per node "

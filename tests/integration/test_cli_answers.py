@@ -415,3 +415,14 @@ def test_trace_events_say_what_they_are_and_the_file_carries_the_answer(
     sends = [e for e in slices if e["tid"] in (2, 3)]
     assert sends
     assert all(e["name"].startswith("send ") for e in sends)
+
+
+def test_hardware_list_names_each_fabric_and_a_domain_wider_than_a_node(capsys: pytest.CaptureFixture[str]) -> None:
+    """MI300X links by Infinity Fabric, not NVLink, and GB200 NVL72's NVLink domain spans 72 GPUs over 18 trays of 4:
+    the list had called the first NVLink and hidden the second (found by a first-time-user review)."""
+    code, out, _ = run(["hardware", "list"], capsys)
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert "Infinity Fabric 448 GB/s" in lines["mi300x-8"]
+    assert "NVLink 900 GB/s, domain 72" in lines["gb200-nvl72"]
+    assert "domain" not in lines["dgx-h100"]

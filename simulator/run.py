@@ -78,7 +78,10 @@ class StepResult:
 
     Times are seconds, memory bytes. ``breakdown`` splits the step of the critical stage into compute,
     exposed communication per kind, pipeline bubble and optimizer; ``chosen`` lists the value picked for
-    each free knob; ``uncalibrated_ops`` names the op classes timed with default curves;
+    each free knob; ``uncalibrated_ops`` names the op classes timed with default curves; ``timeline`` (with
+    ``record``) holds ``(stage, stream, name, start_s, end_s)`` rows: tasks on ``compute``, gradient reductions and
+    gathers on ``dp``, transfers on ``send_fwd``/``send_bwd``, and on ``wait`` why the compute stream waited
+    (``bubble``, ``pp transfer wait`` or ``dp gather wait`` before a task, ``dp reduce wait`` before the optimizer);
     ``launch_overhead_us`` is the host cost per operator the engine charged, from the cluster's calibration
     table, or None where no table measured it (then none is charged: ``host_exposed_s`` is 0 because host time
     is not modelled, not because it was found to be hidden).

@@ -373,6 +373,11 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 left = sent_at.get(id(arrival), t0)
                 a.pp += t1 - max(t0, left)
                 a.bubble += max(0.0, min(left, t1) - t0)
+                if record:
+                    if min(left, t1) > t0:
+                        rows.append((s, "wait", WAIT_BUBBLE, t0, min(left, t1)))
+                    if t1 > max(t0, left):
+                        rows.append((s, "wait", WAIT_PP, max(t0, left), t1))
             pieces: tuple[float, ...] = ()
             if gathers and t.kind == "F":
                 forward_number += 1
@@ -382,6 +387,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                     pieces = gathers[t.chunk]
             if pieces and gathered[(t.chunk, 0)] > env.now:
                 a.dp += gathered[(t.chunk, 0)] - env.now
+                if record:
+                    rows.append((s, "wait", WAIT_DP, env.now, gathered[(t.chunk, 0)]))
                 yield env.timeout(gathered[(t.chunk, 0)] - env.now)
             start = env.now
             if early is not None and res.output_s is not None:
@@ -445,6 +452,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 rows.append((s, "dp", "dp_tail", start, env.now))
         a.busy_until = env.now
         a.dp += env.now - compute_end
+        if record and env.now > compute_end:
+            rows.append((s, "wait", WAIT_DP_REDUCE, compute_end, env.now))
         start = env.now
         yield env.timeout(st.optimizer_s)
         a.optimizer += st.optimizer_s
@@ -507,6 +516,14 @@ def _first_bucket_s(st: StageInput) -> float:
 def _final_backward_kind(order: tuple[Task, ...]) -> str:
     """The task kind that finishes a chunk's gradients: W where the schedule splits them off, else B."""
     return "W" if any(t.kind == "W" for t in order) else "B"
+
+
+# Names of the compute stream's recorded waits (with record; timeline stream "wait", so that the "compute" rows
+# stay tasks): before a task, the pipeline bubble (the input had not left the previous stage yet), the transfer of
+# that input, and the first bucket of an overlapped parameter gather; after the last task, the gradient reduction
+# the optimizer step waits for.
+WAIT_BUBBLE, WAIT_PP, WAIT_DP, WAIT_DP_REDUCE = "bubble", "pp transfer wait", "dp gather wait", "dp reduce wait"
+WAITS = (WAIT_BUBBLE, WAIT_PP, WAIT_DP, WAIT_DP_REDUCE)
 
 
 def _succeed(event: simpy.Event, _trigger: simpy.Event) -> None:

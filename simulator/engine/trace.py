@@ -2,8 +2,9 @@
 
 One process per pipeline stage, one thread (track) per stream: compute, data-parallel, and the send links.
 Idle time on the compute stream between tasks is drawn as explicit ``idle`` slices so pipeline bubbles are
-visible at a glance. Timestamps are microseconds, as the Trace Event Format requires (Google, "Trace Event
-Format", ``ph: X`` complete events and ``ph: M`` metadata events).
+visible at a glance; where the engine knows why the stream waits, the slice says so (``bubble``, ``pp transfer
+wait``, ``dp gather wait``, ``dp reduce wait``). Timestamps are microseconds, as the Trace Event Format requires
+(Google, "Trace Event Format", ``ph: X`` complete events and ``ph: M`` metadata events).
 
 A task is named ``<kind><micro-batch>.<chunk>``: ``F3.1`` is the forward of micro-batch 3 through the stage's model
 chunk 1 (``B`` backward, ``W`` weight gradients under zb_h1); its ``args`` spell that out. A transfer on a send
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from simulator.engine.pipeline import WAITS
 
 __all__ = ["chrome_trace", "chrome_trace_json"]
 
@@ -41,7 +44,12 @@ def chrome_trace(
         for tid, track in enumerate(_TRACKS):
             events.append({"ph": "M", "name": "thread_name", "pid": s, "tid": tid, "args": {"name": track}})
     last_end: dict[int, float] = {}
-    for stage, stream, name, start, end in sorted(timeline, key=lambda r: (r[0], _TRACKS.index(r[1]), r[3], r[2])):
+    # The engine's recorded waits ("wait" rows) are drawn on the compute track, in place of the idle they explain.
+    rows = [
+        (stage, "compute" if stream == "wait" else stream, name, start, end)
+        for stage, stream, name, start, end in timeline
+    ]
+    for stage, stream, name, start, end in sorted(rows, key=lambda r: (r[0], _TRACKS.index(r[1]), r[3], r[2])):
         tid = _TRACKS.index(stream)
         if stream == "compute":
             prev = last_end.get(stage, 0.0)
@@ -50,7 +58,15 @@ def chrome_trace(
             # A zero-length task (a W on a stage without decoder layers) sorts after the task starting with it
             # and ends earlier: the stream's last end never moves back, so idle slices never cover work.
             last_end[stage] = max(prev, end)
-        cat = "optimizer" if name == "optimizer" else stream if stream != "compute" else name[:1]
+        cat = (
+            "optimizer"
+            if name == "optimizer"
+            else "idle"
+            if name in WAITS
+            else stream
+            if stream != "compute"
+            else name[:1]
+        )
         task = _task_args(name, stage)
         label = f"send {name}" if stream.startswith("send") else name
         events.append(_slice(stage, tid, label, cat, start, end, task))

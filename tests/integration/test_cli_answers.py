@@ -203,24 +203,29 @@ def test_trace_compute_tracks_do_not_overlap_and_show_every_task(
         track = sorted((e for e in events if e["ph"] == "X" and e["pid"] == s and e["tid"] == 0), key=lambda e: e["ts"])
         for a, b in itertools.pairwise(track):
             assert a["ts"] + a["dur"] <= b["ts"] + 1e-6  # Perfetto rejects misnested slices
-        names = [e["name"] for e in track if e["name"] not in ("idle", "optimizer")]
+        names = [e["name"] for e in track if e["cat"] not in ("idle", "optimizer")]
         assert sorted(names) == sorted([f"F{i}.0" for i in range(8)] + [f"B{i}.0" for i in range(8)])
 
 
 def test_trace_shows_the_one_f_one_b_bubbles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 3 (trace): 1F1B bubbles are visible: the last stage is idle from t=0 until its first forward
-    arrives, and stage 0 is idle between its p=4 warm-up forwards and the first backward."""
+    """Issue 3 (trace): 1F1B bubbles are visible and say what they wait for: the last stage waits from t=0 for its
+    first forward's input (a bubble until it leaves stage 2, then its transfer), and stage 0 waits between its p=4
+    warm-up forwards and the first backward."""
     events = _trace(tmp_path, capsys)
 
     def track(s: int) -> list[dict]:
         return sorted((e for e in events if e["ph"] == "X" and e["pid"] == s and e["tid"] == 0), key=lambda e: e["ts"])
 
     last = track(3)
-    assert last[0]["name"] == "idle"
+    assert [e["name"] for e in last[:3]] == ["bubble", "pp transfer wait", "F0.0"]
     assert last[0]["ts"] == 0
     assert last[0]["dur"] > 0
+    assert {e["cat"] for e in last[:2]} == {"idle"}
     first = [e["name"] for e in track(0)]
-    assert first[:6] == ["F0.0", "F1.0", "F2.0", "F3.0", "idle", "B0.0"]
+    assert first[:4] == ["F0.0", "F1.0", "F2.0", "F3.0"]
+    waits = first[4 : first.index("B0.0")]
+    assert waits
+    assert set(waits) <= {"bubble", "pp transfer wait", "idle"}
 
 
 def test_trace_is_byte_identical_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -426,3 +431,21 @@ def test_hardware_list_names_each_fabric_and_a_domain_wider_than_a_node(capsys: 
     assert "Infinity Fabric 448 GB/s" in lines["mi300x-8"]
     assert "NVLink 900 GB/s, domain 72" in lines["gb200-nvl72"]
     assert "domain" not in lines["dgx-h100"]
+
+
+def test_trace_waits_name_their_cause(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The compute track's waits say why: with ZeRO-1 and overlapped reduction stage 0's first forward waits for its
+    first parameter bucket, and every stage waits for its gradient reduction before the optimizer; their lengths
+    add up to the stage's exposed data-parallel time in the breakdown."""
+    path = tmp_path / "z1.json"
+    args = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--tp", "2", "--pp", "4"]
+    code, out, _ = run([*args, "--global-batch", "64", "--zero", "1", "--trace", str(path), "--format", "json"], capsys)
+    assert code == 0
+    stages = json.loads(out)["stage_breakdown"]
+    events = json.loads(path.read_text())["traceEvents"]
+    for s, stage in enumerate(stages):
+        waits = [e for e in events if e["ph"] == "X" and e["cat"] == "idle" and e["pid"] == s]
+        assert "dp reduce wait" in {e["name"] for e in waits}
+        dp_waits = sum(e["dur"] for e in waits if e["name"].startswith("dp ")) / 1e6
+        assert dp_waits == pytest.approx(stage["dp_exposed_s"], abs=1e-6)
+    assert "dp gather wait" in {e["name"] for e in events if e.get("pid") == 0}

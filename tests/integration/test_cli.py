@@ -191,7 +191,7 @@ def test_trace_is_chrome_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {f"stage {s}" for s in range(8)}
     slices = [e for e in events if e["ph"] == "X"]
-    assert any(e["name"] == "idle" for e in slices), "bubbles must be visible"
+    assert any(e["name"] == "bubble" and e["cat"] == "idle" for e in slices), "bubbles must be visible"
     assert any(e["name"].startswith("F0.") for e in slices)
     again = tmp_path / "again.json"
     run([*SIM, "--trace", str(again)], capsys)

@@ -98,6 +98,11 @@ class Stack:
     evidence: str
 
 
+# Per row, the layout as simulated (after stack knobs, relaxation and the free knobs' choices).
+LAYOUT_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "seq_len", "recompute", "zero_stage")
+LAYOUT_TEXT = ("recompute",)
+
+
 def load_stacks(path: Path) -> tuple[Stack, ...]:
     """Read a ``software_stacks.yaml`` (see module docstring)."""
     data = load_yaml_file(path)
@@ -200,7 +205,7 @@ class ValidationReport:
                 frame[col] = frame[col].map(lambda c: json.dumps(c, sort_keys=True))
         if "uncalibrated" in frame:
             frame["uncalibrated"] = frame["uncalibrated"].map(";".join)
-        for col in ("num_gpus", "global_batch"):
+        for col in ("num_gpus", "global_batch", *(c for c in LAYOUT_COLUMNS if c not in LAYOUT_TEXT)):
             if col in frame:
                 # Whole numbers stay whole when an invalid row leaves one empty (pandas would make the column float).
                 frame[col] = frame[col].astype("Int64")
@@ -524,6 +529,9 @@ def validate_frame(
                 mfu=result.mfu if result.feasible else math.nan,
                 uncalibrated=sorted(result.uncalibrated_ops),
             )
+            # The layout as simulated (stack knobs, relaxation and the free knobs' choices applied), for plotting
+            # the error against it without joining back onto the input.
+            entry.update({key: getattr(result.plan, key) for key in LAYOUT_COLUMNS})
         except (InfeasiblePlanError, SpecError) as err:
             # Every reason names its file and line; a rule checked deeper down (the plan's own) may not.
             reason = str(err) if str(err).startswith(f"{source}: ") else f"{where}: {err}"
@@ -538,6 +546,7 @@ def validate_frame(
                 mfu=math.nan,
                 uncalibrated=[],
             )
+            entry.update(dict.fromkeys(LAYOUT_COLUMNS))
         report.rows.append(entry)
     report.summary = summarise(report.rows)
     return report

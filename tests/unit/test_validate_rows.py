@@ -437,3 +437,17 @@ def test_whole_number_columns_stay_whole_when_a_row_leaves_them_empty() -> None:
     assert str(frame["num_gpus"].dtype) == "Int64"
     written = pd.read_csv(io.StringIO(frame.to_csv(index=False)), dtype=str, keep_default_na=False)
     assert list(written["num_gpus"]) == ["8", ""]
+
+
+def test_each_row_carries_the_layout_as_simulated() -> None:
+    """Plotting the error against the layout needed a join back onto the input (found by an output review): every
+    row now carries the knobs as simulated, free ones as chosen, whole numbers staying whole in the CSV."""
+    rows = [_row(), _row(run_id="r2", num_gpus=None)]
+    report = validate_frame(pd.DataFrame(rows), "t.csv")
+    first = report.rows[0]
+    assert (first["tp"], first["pp"], first["dp"], first["seq_len"]) == (1, 1, 8, 256)
+    assert first["micro_batch"] == 1
+    assert first["recompute"] == "none"
+    assert report.rows[1]["tp"] is None  # an invalid row has no layout
+    written = pd.read_csv(io.StringIO(report.rows_frame().to_csv(index=False)), dtype=str, keep_default_na=False)
+    assert list(written["dp"]) == ["8", ""]

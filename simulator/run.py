@@ -172,9 +172,8 @@ class StepResult:
         ):
             row[key] = d[key]
         row.update({key: d["breakdown"].get(key) for key in BREAKDOWN_KEYS})  # None where a plan has no times
-        memory = d["memory"]
-        row["peak_memory_bytes"] = max((m["total_bytes"] for m in memory), default=None)
-        row["over_bytes"] = max((m["over_bytes"] for m in memory), default=None)
+        row["peak_memory_bytes"] = d["peak_memory_bytes"]
+        row["over_bytes"] = max((m["over_bytes"] for m in d["memory"]), default=None)
         # Every knob the search may choose, None where this plan fixed it or was never searched, so that every
         # row has the same columns in the same order whatever the first result of a sweep was.
         row.update({f"chosen.{k}": d["chosen"].get(k) for k in CHOSEN_KEYS})
@@ -838,6 +837,7 @@ def _pipeline_input(
         bwd: list[FoldResult] = []
         wgt: list[FoldResult] = []
         buckets: list[tuple[float, ...]] = []
+        bucket_sizes: list[float] = []  # parameters per bucket of each chunk (_chunk_bucket_params)
         # Per chunk: (dense, expert, FP8 dense, FP8 expert) local parameters (stage_params).
         params: list[tuple[float, float, float, float]] = []
         for chunk in stage_chunks:
@@ -854,8 +854,8 @@ def _pipeline_input(
             hw_flops += folded.flops * m
             params.append(stage_params(graph, layout, (chunk,)))
             dense, expert, _, _ = params[-1]
-            chunk_buckets = _chunk_bucket_params(layout, s, chunk.chunk, bucket_params)
-            buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, chunk_buckets) if zero < 3 else ())
+            bucket_sizes.append(_chunk_bucket_params(layout, s, chunk.chunk, bucket_params))
+            buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_sizes[-1]) if zero < 3 else ())
         local_dense, local_expert, fp8_dense, fp8_expert = (sum(p[i] for p in params) for i in range(4))
         local_params = local_dense + local_expert
         # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer of dense parameters over dp and
@@ -873,8 +873,8 @@ def _pipeline_input(
             param_gather_s = sum(comm.time(c) for c in gathers)
             if layout.grad_overlap:
                 gather_buckets = tuple(
-                    _param_gather_buckets(layout, comm, chunk_params, _chunk_bucket_params(layout, s, c, bucket_params))
-                    for c, chunk_params in zip((chunk.chunk for chunk in stage_chunks), params, strict=True)
+                    _param_gather_buckets(layout, comm, chunk_params, size)
+                    for chunk_params, size in zip(params, bucket_sizes, strict=True)
                 )
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):

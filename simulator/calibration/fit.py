@@ -49,7 +49,6 @@ from simulator.specs.calibration import (
     ATTENTION_ROW_PREFIXES,
     CAUSAL,
     COMPUTE_OPS,
-    MEMORY_CLASSES,
     STANDS_IN,
     BandwidthCurve,
     CalibrationTable,
@@ -435,13 +434,7 @@ def default_table(
                     continue
                 # Memory-bound classes (and their backward curves) are read at bytes / HBM bandwidth
                 # (cost.compute), so they are shifted by the bandwidth, not by a FLOP/s peak.
-                memory_bound = kind.removesuffix("_bwd") in MEMORY_CLASSES
-                peak = (
-                    device.hbm_bandwidth_bytes_per_s
-                    if memory_bound
-                    else device.peak(curve.precision if curve.precision != "any" else "bf16")
-                )
-                shifted.append((curve, math.log10(peak)))
+                shifted.append((curve, math.log10(device.curve_rate(curve))))
         if not shifted:
             continue
         lo = min(c.log10_size[0] - off for c, off in shifted)

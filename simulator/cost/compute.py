@@ -29,7 +29,6 @@ from simulator.specs.calibration import (
     ATTENTION_CLASSES,
     CAUSAL,
     GEMM_BACKWARD_CLASSES,
-    MEMORY_CLASSES,
     CalibrationTable,
     EfficiencyCurve,
 )
@@ -114,12 +113,7 @@ class ComputeModel:
     def _first_point_s(self, curve: EfficiencyCurve) -> float:
         """Seconds of a kernel at ``curve``'s smallest measured size."""
         x = float(10.0 ** curve.log10_size[0]) / curve.efficiency[0]
-        if curve.axis == "ideal_seconds":
-            return x
-        base = curve.op.removesuffix("_bwd")
-        if base in MEMORY_CLASSES:
-            return x / self.device.hbm_bandwidth_bytes_per_s
-        return x / self.device.peak(curve.precision if curve.precision in ("fp16", "bf16", "fp8") else "bf16")
+        return x if curve.axis == "ideal_seconds" else x / self.device.curve_rate(curve)
 
     @property
     def _sustained(self) -> float:

@@ -181,13 +181,13 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
     # wait for; such stages get events of their own, the others share the completion events.
     output: dict[tuple[int, str, int, int], simpy.Event] = {}
     for s, st in enumerate(inp.stages):
-        early = any(r.output_s is not None for r in (*st.fwd, *st.bwd))
+        hands_on_early = any(r.output_s is not None for r in (*st.fwd, *st.bwd))
         for t in st.order:
             key = (s, t.kind, t.mb, t.chunk)
             done[key] = env.event()
             if t.kind in ("F", "B"):
                 arrive[key] = env.event()
-                output[key] = env.event() if early else done[key]
+                output[key] = env.event() if hands_on_early else done[key]
 
     def source(s: int, t: Task) -> tuple[int, str, int, int] | None:
         """The task on another stage whose output task ``t`` on stage ``s`` needs."""

@@ -58,15 +58,10 @@ def chrome_trace(
             # A zero-length task (a W on a stage without decoder layers) sorts after the task starting with it
             # and ends earlier: the stream's last end never moves back, so idle slices never cover work.
             last_end[stage] = max(prev, end)
-        cat = (
-            "optimizer"
-            if name == "optimizer"
-            else "idle"
-            if name in WAITS
-            else stream
-            if stream != "compute"
-            else name[:1]
-        )
+        if name == "optimizer" or stream != "compute":
+            cat = name if name == "optimizer" else stream
+        else:
+            cat = "idle" if name in WAITS else name[:1]
         task = _task_args(name, stage)
         label = f"send {name}" if stream.startswith("send") else name
         events.append(_slice(stage, tid, label, cat, start, end, task))

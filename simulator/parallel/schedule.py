@@ -256,7 +256,10 @@ def schedule_with_in_flight(schedule: str, p: int, m: int, v: int = 1) -> SizedS
         return hit
     orders = generate(schedule, p, m, v)
     short = steady_micro_batches(schedule, p, m, v)
-    live = stage_in_flight(schedule, p, short, v) if short != m else tuple(in_flight(order, v) for order in orders)
+    if short != m:
+        live = schedule_with_in_flight(schedule, p, short, v)[1]
+    else:
+        live = tuple(in_flight(order, v) for order in orders)
     sized = (orders, live)
     held = sum(len(order) for order in orders) + sum(len(entries) * v for entries in live)
     if held <= SCHEDULE_CACHE_MAX_TASKS:

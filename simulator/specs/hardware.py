@@ -15,7 +15,7 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields, check_choices, check_positive, check_ranges, check_scalar_types
-from simulator.specs.calibration import CalibrationTable
+from simulator.specs.calibration import MEMORY_CLASSES, CalibrationTable, EfficiencyCurve
 from simulator.units import GB, GBIT, GIB, TFLOP, US
 
 __all__ = ["MAX_LATENCY_S", "PRECISIONS", "TOPOLOGIES", "ClusterSpec", "DeviceSpec"]
@@ -122,6 +122,14 @@ class DeviceSpec:
         raise SpecError(
             f"device {self.name}", f"has no peak for precision {precision!r}", "add peak_tflops_" + precision
         )
+
+    def curve_rate(self, curve: EfficiencyCurve) -> float:
+        """The rate a measured curve's sizes are read against on this device: HBM bytes/s for the memory-bound
+        classes and their backward curves (sizes in bytes), else the FLOP/s peak at the curve's precision (the
+        16-bit one for ``any``). Size over this rate over the efficiency is the kernel's time."""
+        if curve.op.removesuffix("_bwd") in MEMORY_CLASSES:
+            return self.hbm_bandwidth_bytes_per_s
+        return self.peak(curve.precision if curve.precision in ("fp16", "bf16", "fp8") else "bf16")
 
     @classmethod
     def from_mapping(cls, data: Any, where: str) -> DeviceSpec:

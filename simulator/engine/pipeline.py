@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import simpy
 
@@ -234,7 +235,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             if not ev.triggered:
                 yield ev
             sent_at[id(arrival)] = env.now
-            duration = nominal + _share_nics(env.now, nominal, s, dest_stage, dp_free) if shared else nominal
+            duration = nominal + _share_nics(env.now, nominal, s, dest_stage) if shared else nominal
             if duration > 0:
                 start = env.now
                 yield env.timeout(duration)
@@ -243,8 +244,26 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             arrival.succeed()
 
     # When each stage's DP stream will have reduced every bucket handed to it so far; a network transfer
-    # that shares the stage's NICs pushes it back (see _share_nics).
+    # that shares the stage's NICs pushes it back (see _share_nics). Per stage, the stream's work as
+    # [begin, end, label] in the order handed over: a push moves what has not ended yet, so a forward waiting for
+    # a parameter bucket and the trace see the bucket's end as it is, not as it was planned when dispatched.
     dp_free = [0.0] * p
+    dp_items: list[list[list[Any]]] = [[] for _ in range(p)]
+    dp_open = [0] * p  # per stage, the first item that may not have ended yet
+
+    def _delay_dp(stage: int, now: float, shared: float) -> None:
+        """Push the stage's data-parallel work after ``now`` back by ``shared`` seconds."""
+        dp_free[stage] += shared
+        items = dp_items[stage]
+        k = dp_open[stage]
+        while k < len(items) and items[k][1] <= now:
+            k += 1
+        dp_open[stage] = k
+        for item in items[k:]:
+            if item[0] > now:
+                item[0] += shared
+            item[1] += shared
+
     dp_on_network = [st.dp_network for st in inp.stages]
     # The context-parallel ring runs inside compute tasks: per stage, until when the current task runs and
     # which fraction of it the ring keeps the NICs busy (its folded busy time over the task's length).
@@ -258,7 +277,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         until, fraction = cp_window[stage]
         return min(duration, max(until - begin, 0.0)) * fraction
 
-    def _share_nics(now: float, duration: float, sender: int, receiver: int, busy: list[float]) -> float:
+    def _share_nics(now: float, duration: float, sender: int, receiver: int) -> float:
         """Extra time of a pipeline transfer sharing NICs with gradient reduction or the CP ring in flight.
 
         Two flows on one NIC share it fairly: while both run each gets half the bandwidth, so the transfer
@@ -271,8 +290,9 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         for stage in (sender,) if sender == receiver else (sender, receiver):
             shared = 0.0
             if dp_on_network[stage]:
-                shared = min(duration, max(busy[stage] - now, 0.0))
-                busy[stage] += shared
+                shared = min(duration, max(dp_free[stage] - now, 0.0))
+                if shared > 0:
+                    _delay_dp(stage, now, shared)
             extra = max(extra, shared + _cp_share(stage, now, duration))
         return extra
 
@@ -294,14 +314,14 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         # The DP stream runs gradient reductions and parameter gathers in the order they are handed to it, one at
         # a time, and nothing waits on one of them but through the end time returned here: its timeline
         # (dp_free[s]) is computed as they are handed over.
-        def on_dp_stream(duration: float, ready: float, label: str) -> float:
+        def on_dp_stream(duration: float, ready: float, label: str) -> list[Any]:
             begin = max(dp_free[s], ready)
             if dp_on_network[s]:
                 duration += _cp_share(s, begin, duration)
             dp_free[s] = begin + duration
-            if record and duration > 0:
-                rows.append((s, "dp", label, begin, dp_free[s]))
-            return dp_free[s]
+            item = [begin, dp_free[s], label]
+            dp_items[s].append(item)
+            return item
 
         reduced = 0
 
@@ -313,7 +333,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         # The overlapped parameter gather (StageInput.param_gather_buckets): when each bucket is ready.
         gathers = st.param_gather_buckets if inp.grad_overlap else ()
         chained = v == 1
-        gathered: dict[tuple[int, int], float] = {}
+        gathered: dict[tuple[int, int], list[Any]] = {}  # DP-stream items; [1] is the end, pushes included
 
         def gather(c: int, j: int, now: float) -> None:
             gathered[(c, j)] = on_dp_stream(gathers[c][j], now, f"param_bucket{c}.{j}")
@@ -385,28 +405,39 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                     gather_chunk(c, env.now)
                 if first_forward.get(t.chunk) == forward_number:
                     pieces = gathers[t.chunk]
-            if pieces and gathered[(t.chunk, 0)] > env.now:
-                a.dp += gathered[(t.chunk, 0)] - env.now
+            while pieces and gathered[(t.chunk, 0)][1] > env.now:  # a NIC-sharing transfer may push it meanwhile
+                t0 = env.now
+                yield env.timeout(gathered[(t.chunk, 0)][1] - t0)
+                a.dp += env.now - t0
                 if record:
-                    rows.append((s, "wait", WAIT_DP, env.now, gathered[(t.chunk, 0)]))
-                yield env.timeout(gathered[(t.chunk, 0)] - env.now)
-            start = env.now
+                    rows.append((s, "wait", WAIT_DP, t0, env.now))
+            start = segment = env.now
             if early is not None and res.output_s is not None:
                 # The output leaves once everything but the detached data-parallel collectives is done.
                 env.timeout(res.output_s).callbacks.append(partial(_succeed, early))
+            ring = 0.0
             if cp_on_network[s] and res.duration_s > 0:
-                cp_busy = dict(res.comm_s).get("cp", 0.0)
-                cp_window[s] = (start + res.duration_s, min(cp_busy / res.duration_s, 1.0))
+                ring = min(dict(res.comm_s).get("cp", 0.0) / res.duration_s, 1.0)
+                cp_window[s] = (start + res.duration_s, ring)
             if pieces:
                 # One piece per parameter bucket: each waits for its bucket's gather (chained: then dispatches the
                 # next), and runs slowed while a gather is in flight beside it. Pieces run as events of their own,
                 # so that a gather enters the data-parallel stream (which NIC sharing reads) only when dispatched.
+                # While a piece waits the task's compute, and with it the context-parallel ring, stands still: the
+                # ring's window is the running piece's, and the trace splits the task around the wait.
                 piece = res.duration_s / len(pieces)
                 for j in range(len(pieces)):
-                    wait = gathered[(t.chunk, j)] - env.now
-                    if wait > 0:
-                        a.dp += wait
-                        yield env.timeout(wait)
+                    while gathered[(t.chunk, j)][1] > env.now:
+                        t0 = env.now
+                        if record and t0 > segment:
+                            rows.append((s, "compute", f"{t.kind}{t.mb}.{t.chunk}", segment, t0))
+                        yield env.timeout(gathered[(t.chunk, j)][1] - t0)
+                        a.dp += env.now - t0
+                        if record:
+                            rows.append((s, "wait", WAIT_DP, t0, env.now))
+                        segment = env.now
+                    if ring:
+                        cp_window[s] = (env.now + piece, ring)
                     if chained and j + 1 < len(pieces):
                         gather(t.chunk, j + 1, env.now)
                     slow = overlap_extra(dp_free[s] - env.now, piece, inp.overlap_slowdown)
@@ -432,7 +463,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             for kind, sec in res.exposed:
                 a.exposed[kind] = a.exposed.get(kind, 0.0) + sec
             if record:
-                rows.append((s, "compute", f"{t.kind}{t.mb}.{t.chunk}", start, env.now))
+                rows.append((s, "compute", f"{t.kind}{t.mb}.{t.chunk}", segment, env.now))
             for b in in_bulk.get(position, ()):
                 reduce(b, env.now)
             finished.succeed()
@@ -474,6 +505,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             env.process(link(s, "B"))
     env.run()
 
+    if record:
+        rows.extend((s, "dp", label, begin, end) for s in range(p) for begin, end, label in dp_items[s] if end > begin)
     unfinished = [k for k, ev in done.items() if not ev.triggered]
     if unfinished:
         raise SimulatorError(f"pipeline deadlock: {len(unfinished)} tasks never ran (first: {unfinished[0]})")
@@ -553,7 +586,8 @@ def _critical_path(inp: PipelineInput) -> float:
         else:
             t += res.duration_s
     first = inp.stages[0]
-    return t + (first.wgt[0].duration_s if first.wgt else 0.0) + first.optimizer_s
+    split = first.wgt and _final_backward_kind(first.order) == "W"  # weight gradients only where scheduled apart
+    return t + (first.wgt[0].duration_s if split else 0.0) + first.optimizer_s
 
 
 def lower_bound(inp: PipelineInput) -> float:

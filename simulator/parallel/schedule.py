@@ -90,6 +90,9 @@ def generate(schedule: str, p: int, m: int, v: int = 1) -> tuple[tuple[Task, ...
     if schedule == "interleaved":
         if v < 2:
             raise InfeasiblePlanError(f"the interleaved schedule needs vp >= 2, got vp={v}")
+        if p < 2:
+            # Megatron-LM asserts pipeline-model-parallel size > 1 with the interleaved schedule (arguments.py).
+            raise InfeasiblePlanError(f"the interleaved schedule needs pp >= 2, got pp={p}")
         if m % p:
             raise InfeasiblePlanError(
                 f"the interleaved schedule needs micro-batches to be a multiple of pp: "

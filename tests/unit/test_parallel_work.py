@@ -471,12 +471,15 @@ def test_overlapped_zero1_gather_cannot_hide_behind_a_shorter_forward() -> None:
     rows = [row for row in r.timeline if row[0] == 0]
     gathers = [row for row in rows if row[2].startswith("param_bucket")]
     assert [row[2] for row in gathers] == ["param_bucket0.0", "param_bucket0.1"]
-    (forward,) = [row for row in rows if row[2] == "F0.0"]
-    assert forward[3] == pytest.approx(gathers[0][4])  # the first bucket is waited for before the forward starts
+    first, second = [row for row in rows if row[2] == "F0.0"]
+    assert first[3] == pytest.approx(gathers[0][4])  # the first bucket is waited for before the forward starts
     # The second bucket's gather is longer than the first half of the forward it runs beside, which therefore
-    # waits for it: the forward takes longer than its compute by that wait.
-    assert gathers[1][4] - gathers[1][3] > (forward[4] - forward[3]) / 2
-    assert forward[4] > gathers[1][4]
+    # waits for it: the trace splits the forward around that wait, named as one.
+    assert gathers[1][4] - gathers[1][3] > first[4] - first[3]
+    (wait,) = [row for row in rows if row[1] == "wait" and row[3] == pytest.approx(first[4])]
+    assert wait[2] == "dp gather wait"
+    assert wait[4] == pytest.approx(gathers[1][4]) == pytest.approx(second[3])
+    assert second[4] - second[3] < first[4] - first[3]  # the first half ran beside a gather, slowed by the overlap
     assert r.step_time_s >= sum(row[4] - row[3] for row in rows if row[1] == "dp")
 
 

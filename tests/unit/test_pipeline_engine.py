@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from simulator.engine.fold import FoldResult
-from simulator.engine.pipeline import PipelineInput, StageInput, lower_bound, simulate_pipeline
-from simulator.errors import SimulatorError
+from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, lower_bound, simulate_pipeline
+from simulator.errors import InfeasiblePlanError, SimulatorError
 from simulator.parallel.schedule import generate, in_flight
 
 
@@ -456,3 +456,91 @@ def test_a_zero3_backward_hands_its_gradient_on_before_its_trailing_reduce_scatt
         task, send = rows[("compute", "B0.0")], rows[("send_bwd", "B0.0")]
         assert (send[3] < task[4] - 1e-9) is early, zero
         assert send[3] >= task[3]
+
+
+def _gather_stage(order: tuple, fwd: FoldResult, gathers: tuple[float, ...], **kw: bool) -> StageInput:
+    return StageInput(
+        order=order,
+        fwd=(fwd,),
+        bwd=(_task(1.0),),
+        wgt=(_task(0.0),),
+        dp_buckets=((),),
+        dp_tail_s=0.0,
+        optimizer_s=0.0,
+        param_gather_s=0.0,
+        dp_network=True,
+        param_gather_buckets=(gathers,) if gathers else (),
+        **kw,
+    )
+
+
+def test_a_parameter_bucket_pushed_back_by_nic_sharing_holds_back_the_forward_waiting_for_it() -> None:
+    """Stage 1 gathers a 3 s parameter bucket while the first forward's activations (0.5 s) arrive over the same
+    NICs: sharing them fairly, the transfer takes 1 s and the gather ends at 3.5 s, so stage 1's forward starts at
+    3.5, not at the 3.0 planned when the gather was dispatched (the engine used to read the stale end), and the trace
+    shows the gather's end as it happened."""
+    orders = generate("1f1b", 2, 1)
+
+    def run(hop: bool) -> PipelineResult:
+        stages = (
+            _gather_stage(orders[0], _task(1.0), ()),
+            _gather_stage(orders[1], _task(1.0), (3.0,)),
+        )
+        inp = PipelineInput(
+            stages=stages,
+            vp=1,
+            send_fwd_s=(0.5, 0.5),
+            send_bwd_s=(0.5, 0.5),
+            grad_overlap=True,
+            hop_network=(hop, hop),
+            record=True,
+        )
+        return simulate_pipeline(inp)
+
+    assert run(False).step_time_s == pytest.approx(6.5)
+    shared = run(True)
+    assert shared.step_time_s == pytest.approx(7.0)
+    rows = {row[2]: row[3:] for row in shared.timeline if row[0] == 1 and row[1] in ("compute", "dp")}
+    assert rows["param_bucket0.0"] == (0.0, pytest.approx(3.5))
+    assert rows["F0.0"] == (pytest.approx(3.5), pytest.approx(4.5))
+
+
+def test_a_forward_stalled_for_a_parameter_bucket_runs_no_context_parallel_ring_meanwhile() -> None:
+    """A forward of two pieces, the second waiting for a 1 s parameter bucket dispatched as the first starts, with
+    the context-parallel ring on the wire for all of its compute and sharing the NICs with the gather: the ring
+    overlaps the gather only while the first piece (0.5 s) runs, so the gather ends at 1.5 s, and the step at 2.0.
+    The engine used to charge the gather the ring of the whole planned forward, including the stall, so that a
+    longer forward made a shorter step; the trace splits the forward around its wait."""
+
+    def run(fd: float) -> PipelineResult:
+        fwd = FoldResult(duration_s=fd, compute_s=fd, exposed=(), comm_s=(("cp", fd),))
+        stage = replace(_gather_stage(generate("1f1b", 1, 1)[0], fwd, (0.0, 1.0), cp_network=True), bwd=(_task(0.0),))
+        inp = PipelineInput(stages=(stage,), vp=1, send_fwd_s=(0.0,), send_bwd_s=(0.0,), grad_overlap=True, record=True)
+        return simulate_pipeline(inp)
+
+    steps = [run(fd).step_time_s for fd in (1.0, 1.2, 1.5, 2.0)]
+    assert steps[0] == pytest.approx(2.0)
+    assert steps == sorted(steps)
+    rows = [row[1:] for row in run(1.0).timeline if row[1] in ("compute", "wait")]
+    assert rows[:3] == [
+        ("compute", "F0.0", 0.0, pytest.approx(0.5)),
+        ("wait", "dp gather wait", pytest.approx(0.5), pytest.approx(1.5)),
+        ("compute", "F0.0", pytest.approx(1.5), pytest.approx(2.0)),
+    ]
+
+
+def test_the_critical_path_counts_weight_gradients_only_where_scheduled_apart() -> None:
+    """A 1F1B input whose W programs are not empty (the schedule never runs them) is not held to a critical path
+    that includes them: the engine used to report such a step as shorter than its critical path."""
+    inp = _pipe("1f1b", 2, 2)
+    stages = tuple(replace(st, wgt=(_task(5.0),)) for st in inp.stages)
+    r = simulate_pipeline(replace(inp, stages=stages))
+    assert r.step_time_s == pytest.approx(simulate_pipeline(inp).step_time_s)
+    assert r.critical_path_s <= r.step_time_s
+
+
+def test_interleaving_needs_a_pipeline() -> None:
+    """One stage cannot interleave chunks (Megatron-LM asserts pp > 1); generate refuses it instead of handing the
+    engine a schedule that deadlocks."""
+    with pytest.raises(InfeasiblePlanError, match="pp >= 2"):
+        generate("interleaved", 1, 2, 2)

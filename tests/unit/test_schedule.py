@@ -129,10 +129,10 @@ def test_undominated_matches_the_pairwise_definition(entries: set[tuple[int, ...
 def test_a_long_interleaved_schedule_is_sized_from_the_shortest_one_with_its_entries() -> None:
     """Sizing needs only the in-flight entries; in the interleaved steady state they repeat with period p·v, so a
     schedule of thousands of micro-batches has the entries of one whose steady state spans a period
-    (steady_micro_batches). Exhaustive over p <= 8, v <= 6 and several longer m; other schedules are kept."""
+    (steady_micro_batches). Exhaustive over 2 <= p <= 8, v <= 6 and several longer m; other schedules are kept."""
     from simulator.parallel.schedule import stage_in_flight, steady_micro_batches
 
-    for p in range(1, 9):
+    for p in range(2, 9):
         for v in range(2, 7):
             m0 = steady_micro_batches("interleaved", p, 10_000 * p, v)
             assert m0 % p == 0

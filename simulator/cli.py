@@ -182,6 +182,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.specs.library import load_cluster, load_model, parse_overrides
 
     overrides = parse_overrides(args.set)
+    # Every --set, so that a what-if's result says what it changed (a saved baseline and a what-if that only differ
+    # in a cluster key would otherwise read the same).
+    what_if = {
+        f"{scope}.{k}": v
+        for scope in ("model", "cluster", "device", "plan")
+        for k, v in overrides.get(scope, {}).items()
+    }
     model = load_model(args.model, overrides.get("model"))
     cluster = load_cluster(args.cluster, overrides.get("cluster"), overrides.get("device"))
     plan = _plan_from_args(args, overrides.get("plan", {}))
@@ -194,6 +201,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         title = f"{model.name} on {cluster.name}"
         summary = result.to_dict()
         meta = {k: summary[k] for k in ("step_time_s", "plan", "breakdown", "feasible", "reason", "chosen")}
+        meta["what_if"] = what_if
         _write_output(args.trace, chrome_trace_json(result.timeline, title=title, meta=_json_safe(meta)), "--trace")
         if not result.timeline:
             print(f"note: --trace {args.trace}: the plan has no timeline ({result.reason})", file=sys.stderr)
@@ -204,11 +212,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         train["cost_usd"] = math.nan if price is None else train["gpu_hours"] * price
     if args.format == "json":
         data = result.to_dict()
+        data["what_if"] = what_if
         if tokens is not None:
             data["train"] = train  # null where the plan is infeasible
         print(json.dumps(_json_safe(data), indent=2, sort_keys=False))
     else:
-        print(_result_table(result, train))
+        table = _result_table(result, train)
+        if what_if:
+            head, _, rest = table.partition("\n")
+            changed = ", ".join(f"{k}={_json_safe(v)}" for k, v in what_if.items())
+            table = f"{head}\nwhat-if (--set): {changed}\n{rest}"
+        print(table)
     return EXIT_OK if result.feasible else EXIT_INFEASIBLE
 
 
@@ -328,7 +342,7 @@ def _result_table(r: Any, train: dict[str, float] | None = None) -> str:
             label = key.removesuffix("_s").replace("_", " ")
             if key == "host_exposed_s" and r.launch_overhead_us is None:
                 # No table measured the host's per-operator cost: it is not modelled, which is not the same as 0.
-                note = "(no launch overhead measured; clustersim calibrate profile measures it)"
+                note = "(no launch overhead measured; clustersim calibrate profile --device cuda measures it)"
                 lines.append(f"  {label:<16}{'not modelled':>12}  {note}")
                 continue
             lines.append(f"  {label:<16}{fmt_seconds(value, like=total):>12}  {value / total * 100:5.1f}%")

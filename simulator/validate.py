@@ -138,14 +138,20 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
 
 
 def default_stacks_file(csv_path: Path) -> Path | None:
-    """``software_stacks.yaml`` next to the CSV, else the one shipped in data/validation, else None."""
-    for candidate in (csv_path.parent / "software_stacks.yaml", _SHIPPED_STACKS):
+    """``software_stacks.yaml`` next to the CSV, else the one shipped with clustersim (``data/validation`` of the
+    source tree, packaged into the wheel as ``simulator/_data/validation``), else None."""
+    for candidate in (csv_path.parent / "software_stacks.yaml", *_SHIPPED_STACKS):
         if candidate.is_file():
             return candidate
     return None
 
 
-_SHIPPED_STACKS = Path(__file__).resolve().parents[1] / "data" / "validation" / "software_stacks.yaml"
+_PACKAGE = Path(__file__).resolve().parent
+# In an installed wheel (pyproject.toml: force-include) and in a source checkout (editable install).
+_SHIPPED_STACKS = (
+    _PACKAGE / "_data" / "validation" / "software_stacks.yaml",
+    _PACKAGE.parent / "data" / "validation" / "software_stacks.yaml",
+)
 
 
 def stack_overrides(row: dict[str, Any]) -> dict[str, list[Any]]:
@@ -648,11 +654,14 @@ def validate_file(
     # ... and hand-edited cells ("dgx-h100 ") the same values.
     frame = frame.apply(lambda column: column.str.strip()).replace("", np.nan)
     stacks: tuple[Stack, ...] = ()
-    if use_stacks:
-        chosen = stacks_file or default_stacks_file(path)
-        if chosen is not None:
-            stacks = load_stacks(chosen)
-    return validate_frame(frame, str(path), strict=strict, stacks=stacks, lines=lines)
+    chosen = (stacks_file or default_stacks_file(path)) if use_stacks else None
+    if chosen is not None:
+        stacks = load_stacks(chosen)
+    report = validate_frame(frame, str(path), strict=strict, stacks=stacks, lines=lines)
+    # Which facts about the runs' software were applied, so that two reports can be told apart.
+    report.summary["stacks_file"] = str(chosen) if chosen is not None else None
+    report.summary["stacks_used"] = "file" if chosen is not None else ("off" if not use_stacks else "none found")
+    return report
 
 
 def _stats(errors: list[float]) -> dict[str, Any]:
@@ -780,6 +789,15 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         f"max {_pct(s.get('max_abs_error'))}; within-group Spearman {_num(s.get('mean_spearman'))} "
         f"over {s['spearman_groups']} groups"
     )
+    if "stacks_used" in s:
+        matched = sum(1 for r in report.rows if r.get("stack"))
+        lines.append(
+            f"software stacks: {s['stacks_file']} ({matched} of {s['rows']} rows matched an entry)"
+            if s["stacks_used"] == "file"
+            else "software stacks: ignored (--no-stacks); rows simulated as stated"
+            if s["stacks_used"] == "off"
+            else "software stacks: none found next to the CSV or shipped; rows simulated as stated (--stacks FILE)"
+        )
     if s.get("uncalibrated"):
         lines.append(
             f"{s['uncalibrated_rows']} rows used default (uncalibrated) curves for: "

@@ -204,10 +204,11 @@ def _cmd_import_torch(args: argparse.Namespace) -> int:
 
 
 def _residual_lines(summary: dict[str, dict[str, float]]) -> list[str]:
-    lines = [f"  {'curve':<22}{'held out':>9}{'median |err|':>14}{'p90 |err|':>11}"]
+    width = max([22, *(len(key) + 1 for key in summary)])  # attention_causal_bwd:bf16 is longer than most
+    lines = [f"  {'curve':<{width}}{'held out':>9}{'median |err|':>14}{'p90 |err|':>11}"]
     for key, s in summary.items():
         lines.append(
-            f"  {key:<22}{int(s['n']):>9}{s['median_abs_error'] * 100:>13.1f}%{s['p90_abs_error'] * 100:>10.1f}%"
+            f"  {key:<{width}}{int(s['n']):>9}{s['median_abs_error'] * 100:>13.1f}%{s['p90_abs_error'] * 100:>10.1f}%"
         )
     return lines
 

@@ -224,7 +224,9 @@ def memory_guard(needed_bytes: float, dev: Any) -> None:
         return
     if needed_bytes > 0.7 * free:
         raise RuntimeError(
-            f"out of memory: needs about {needed_bytes / 2**30:.1f} GiB, {free / 2**30:.1f} GiB available"
+            f"out of memory: needs about {needed_bytes / 2**30:.1f} GiB, more than 70% of the "
+            f"{free / 2**30:.1f} GiB available (the share a CPU benchmark may take, so that the machine keeps "
+            "working); free memory or leave this shape out"
         )
 
 

@@ -86,6 +86,8 @@ def fit_files(
             )
         device = host_device(rows, name=name, ranks=ranks)
     _check_peaks(rows, device, derived)
+    if not derived:
+        _check_measured_on(rows, device)
     options: dict[str, Any] = {"min_bin_rows": 1, "generic_memory": "unclassified"} if own_profile(rows) else {}
     table = fit_table(rows, device, name=name, source=_source(rows), provenance=_provenance(rows), **options)
     residuals = holdout_errors(rows, device, holdout_every=holdout_every, **options) if holdout_every > 1 else {}
@@ -152,6 +154,38 @@ def _check_peaks(rows: Sequence[Measurement], device: DeviceSpec, derived: bool)
         raise CalibrationError(
             f"{what}, but device {device.name} has no peak_tflops_{peak}; --device must name the device the rows "
             f"were measured on, and its profile must give peak_tflops_{peak}"
+        )
+
+
+# How far the fastest GEMM of a profile may lie from the named device's datasheet peak before the rows are taken to
+# come from another device. Above: datasheet peaks are stated at the boost clock, which no kernel beats beyond
+# timing noise (1.15 leaves room for that). Below: a GPU's fastest profiled GEMM reaches tens of percent of its peak
+# even for decode-size shapes (Vidur's smallest H100 and A100 GEMMs, data/calibration/vidur), while a CPU reaches a
+# thousandth of a GPU's; 2% separates the two with margin on both sides.
+_PEAK_CEILING, _PEAK_FLOOR = 1.15, 0.02
+
+
+def _check_measured_on(rows: Sequence[Measurement], device: DeviceSpec) -> None:
+    """Raise a CalibrationError when the rows' fastest GEMM is implausible on ``device`` (faster than its peak, or
+    under 2% of it): they were measured on another device, and their efficiencies against this one's peaks would
+    be meaningless (a CPU profile fitted as an H100 table, say)."""
+    best: dict[str, float] = {}
+    for r in rows:
+        if r.kind == "gemm" and not r.op.startswith("probe.") and r.flops > 0 and r.time_s > 0:
+            peak = _peak_precision(r.precision)
+            best[peak] = max(best.get(peak, 0.0), r.flops / r.time_s)
+    for peak, rate in sorted(best.items()):
+        fraction = rate / device.peak(peak)
+        if _PEAK_FLOOR <= fraction <= _PEAK_CEILING:
+            continue
+        measured = sorted({r.device for r in rows if r.device})
+        on = f" (the rows say they were measured on {', '.join(measured)})" if measured else ""
+        relation = "faster than" if fraction > _PEAK_CEILING else "under 2% of"
+        raise CalibrationError(
+            f"the rows' fastest {peak} GEMM runs at {rate / 1e12:.3g} TFLOP/s, {relation} device {device.name}'s "
+            f"{device.peak(peak) / 1e12:.4g} TFLOP/s peak ({fraction:.1%}){on}: they were measured on another "
+            "device; --device must name the device the rows were measured on (or leave it out for a profile of "
+            "our own, to derive the device from its probes)"
         )
 
 
@@ -276,9 +310,13 @@ def run_host(
         for shape in model_shapes(cfg.model(), micro_batches=mbs, fp8=fp8):
             shapes.setdefault(shape.key, shape)
     profile_dir = out / "profile"
-    say(f"profiling {len(shapes)} kernel shapes of {len(configs)} configurations into {profile_dir}")
+    probes = probe_shapes(device, fp8=fp8)
+    say(
+        f"profiling {len(shapes)} kernel shapes of {len(configs)} configurations and {len(probes)} peak probes "
+        f"({len(shapes) + len(probes)} in all) into {profile_dir}"
+    )
     report = run_profile(
-        [*shapes.values(), *probe_shapes(device, fp8=fp8)],
+        [*shapes.values(), *probes],
         profile_dir,
         device=device,
         threads=threads,

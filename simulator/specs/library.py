@@ -61,8 +61,11 @@ def data_roots() -> tuple[Path, ...]:
     for entry in os.environ.get("CLUSTERSIM_PATH", "").split(os.pathsep):
         if entry.strip():
             roots.append(Path(entry).expanduser())
-    for candidate in (_PACKAGE / "_data", _PACKAGE.parent):
-        if (candidate / "models").is_dir() or (candidate / "hardware_profiles").is_dir():
+    # The wheel's copy (pyproject.toml: force-include), else the source checkout the package sits in: only where
+    # that is ours (its pyproject.toml), never another package's top-level models/ folder in site-packages.
+    source_tree = _PACKAGE.parent if (_PACKAGE.parent / "pyproject.toml").is_file() else None
+    for candidate in (_PACKAGE / "_data", source_tree):
+        if candidate is not None and ((candidate / "models").is_dir() or (candidate / "hardware_profiles").is_dir()):
             roots.append(candidate)
     return tuple(roots)
 

@@ -449,3 +449,22 @@ def test_trace_waits_name_their_cause(tmp_path: Path, capsys: pytest.CaptureFixt
         dp_waits = sum(e["dur"] for e in waits if e["name"].startswith("dp ")) / 1e6
         assert dp_waits == pytest.approx(stage["dp_exposed_s"], abs=1e-6)
     assert "dp gather wait" in {e["name"] for e in events if e.get("pid") == 0}
+
+
+def test_a_what_if_says_what_it_changed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A result made with --set names every override (JSON ``what_if``, the table's second line, the trace's
+    otherData), so that a saved what-if cannot be mistaken for the baseline it differs from; without --set
+    ``what_if`` is empty."""
+    base = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "512", "--tp", "8", "--pp", "8"]
+    base += ["--global-batch", "512", "--micro-batch", "1"]
+    what_if = ["--set", "cluster.nic_bandwidth_gbit_per_s=400", "--set", "device.hbm_gib=74"]
+    assert simulate_json(base, capsys)["what_if"] == {}
+    data = simulate_json(base + what_if + ["--trace", str(tmp_path / "t.json")], capsys)
+    assert data["what_if"] == {"cluster.nic_bandwidth_gbit_per_s": 400, "device.hbm_gib": 74}
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert trace["otherData"]["what_if"] == data["what_if"]
+    code, out, _ = run(base + what_if, capsys)
+    assert code == 0
+    assert out.splitlines()[1] == "what-if (--set): cluster.nic_bandwidth_gbit_per_s=400, device.hbm_gib=74"
+    _, out, _ = run(base, capsys)
+    assert "what-if" not in out

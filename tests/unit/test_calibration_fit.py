@@ -337,3 +337,26 @@ def test_the_all_kernels_summary_counts_the_backward_gemm_curves() -> None:
     summary = summarize_errors(residuals)
     assert summary["all kernels"]["n"] == 3
     assert summary["all kernels"]["median_abs_error"] == pytest.approx(0.2)
+
+
+def test_fit_refuses_rows_measured_on_another_device(tmp_path: Path) -> None:
+    """A profile fitted against a device it was not measured on gives efficiencies that mean nothing: a CPU
+    profile named as an H100 (its fastest GEMM at 0.1% of the H100's peak) and H100 rows named as an A100 (faster
+    than the A100's peak) are refused with the rows' own device named; the rows' device itself is accepted."""
+    from simulator.specs.library import load_device
+
+    def rows_at(tflops: float, device: str) -> list[Measurement]:
+        return [replace(r, time_s=r.flops / (tflops * 1e12), device=device) for r in gemm_rows()]
+
+    cases = {
+        "cpu": (rows_at(1.0, "cpu: Xeon"), "H100-SXM5-80GB", "under 2% of"),
+        "h100": (rows_at(700.0, "NVIDIA H100 80GB HBM3"), "A100-SXM4-80GB", "faster than"),
+    }
+    for name, (rows, device, relation) in cases.items():
+        write_rows(rows, tmp_path / f"{name}.csv")
+        with pytest.raises(CalibrationError, match=relation) as err:
+            fit_files([tmp_path / f"{name}.csv"], name="t", device=load_device(device), holdout_every=0)
+        assert rows[0].device in str(err.value)
+        assert "--device must name the device" in str(err.value)
+    result = fit_files([tmp_path / "h100.csv"], name="t", device=load_device("H100-SXM5-80GB"), holdout_every=0)
+    assert result.table.compute_curve("gemm", "bf16") is not None

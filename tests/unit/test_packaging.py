@@ -18,7 +18,11 @@ def test_wheel_includes_the_library_under_the_package() -> None:
     """Issue 2: pyproject force-includes models/ and hardware_profiles/ as simulator/_data/... in the wheel."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = cfg["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
-    assert include == {"models": "simulator/_data/models", "hardware_profiles": "simulator/_data/hardware_profiles"}
+    assert include == {
+        "models": "simulator/_data/models",
+        "hardware_profiles": "simulator/_data/hardware_profiles",
+        "data/validation/software_stacks.yaml": "simulator/_data/validation/software_stacks.yaml",
+    }
 
 
 def test_installed_layout_is_found_without_the_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,3 +49,39 @@ def test_clustersim_path_is_searched_first(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("CLUSTERSIM_PATH", str(tmp_path))
     assert library.data_roots()[0] == tmp_path
     assert library.load_model("gpt3-175b").layers == 2
+
+
+def test_an_installed_validate_applies_the_shipped_software_stacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 4: a wheel install (site-packages/simulator/_data/validation/software_stacks.yaml, no repository) applies
+    the shipped stacks to a CSV that has none beside it; before, it looked outside the package, found nothing and
+    validated the published runs as stated, silently (median 12% instead of 6%). The report says which file it used."""
+    from simulator import validate
+
+    package = tmp_path / "site-packages" / "simulator"
+    shipped = package / "_data" / "validation" / "software_stacks.yaml"
+    shipped.parent.mkdir(parents=True)
+    shutil.copy(ROOT / "data" / "validation" / "software_stacks.yaml", shipped)
+    monkeypatch.setattr(validate, "_SHIPPED_STACKS", (shipped, package.parent / "data" / "validation" / "x.yaml"))
+    csv = tmp_path / "elsewhere" / "runs.csv"
+    csv.parent.mkdir()
+    assert validate.default_stacks_file(csv) == shipped
+    (csv.parent / "software_stacks.yaml").write_text("stacks: []\n")
+    assert validate.default_stacks_file(csv) == csv.parent / "software_stacks.yaml"  # the CSV's own comes first
+
+
+def test_another_packages_top_level_folders_are_not_built_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In site-packages the package's parent is shared with every other package: a top-level models/ folder there
+    (someone else's) is not clustersim's library. Only a source checkout (its pyproject.toml) is searched."""
+    site = tmp_path / "site-packages"
+    (site / "models").mkdir(parents=True)
+    (site / "models" / "not-ours.yaml").write_text("name: not-ours\n")
+    package = site / "simulator"
+    shutil.copytree(ROOT / "models", package / "_data" / "models")
+    monkeypatch.setattr(library, "_PACKAGE", package)
+    monkeypatch.delenv("CLUSTERSIM_PATH", raising=False)
+    assert library.data_roots() == (package / "_data",)
+    assert "not-ours" not in {name for name, _ in library.list_names("model")}
+    (site / "pyproject.toml").write_text("[project]\nname = 'clustersim'\n")  # a source checkout: searched
+    assert library.data_roots() == (package / "_data", site)

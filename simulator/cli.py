@@ -770,6 +770,37 @@ def _build_parser() -> _Parser:
     return parser
 
 
+# The options that name files a command writes, and those that name files it reads (a built-in name such as
+# gpt3-175b is no file and is skipped).
+_OUTPUT_OPTIONS = {"out": "--out", "trace": "--trace", "device_out": "--device-out"}
+_INPUT_OPTIONS = ("model", "cluster", "plan", "stacks", "paths")  # validate's CSV (`file`) has a check of its own
+
+
+def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
+    """Refuse an output that is one of the command's input files, or two outputs that are one file: the model YAML
+    given as --trace was replaced by the trace, an nccl-tests file given as --out by the rows read from it, and a
+    --device-out equal to --out left only the device where the table had been reported written."""
+    outputs = [(flag, Path(getattr(args, key))) for key, flag in _OUTPUT_OPTIONS.items() if getattr(args, key, None)]
+    inputs: list[Path] = []
+    for key in _INPUT_OPTIONS:
+        value = getattr(args, key, None)
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if item is not None and Path(item).is_file():
+                inputs.append(Path(item))
+    for i, (flag, out) in enumerate(outputs):
+        for other_flag, other in outputs[i + 1 :]:
+            if out.resolve() == other.resolve():
+                raise SpecError(f"{flag} {out}", f"is also {other_flag}: one file cannot hold both", "name two files")
+        if out.is_file():
+            for source in inputs:
+                if out.samefile(source):
+                    raise SpecError(
+                        f"{flag} {out}",
+                        "is an input of this command: writing it would replace what it reads",
+                        "name another file",
+                    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 1 internal error, 2 bad input, 3 infeasible plan)."""
     parser = _build_parser()
@@ -778,6 +809,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     try:
+        _refuse_overwriting_inputs(args)
         code: int = args.func(args)
     except SpecError as err:
         print(f"error: {err}", file=sys.stderr)

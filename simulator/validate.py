@@ -45,6 +45,7 @@ import json
 import math
 import re
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -483,6 +484,12 @@ def validate_frame(
             f"missing column(s): {', '.join(missing)} (the header has: {shown or 'nothing'})",
             "name the columns as data/validation/README.md does",
         )
+    ids = [str(v).strip() for v in frame["run_id"] if isinstance(v, str) and v.strip()] if "run_id" in frame else []
+    repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if repeated:
+        # One run counted twice weighs twice in the median and p90; a repeated measurement needs an id of its own.
+        shown = ", ".join(repeated[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+        raise SpecError(source, f"repeats run_id {shown}", "give every row its own run_id, or remove the copies")
     report = ValidationReport(source=source)
     clusters: dict[tuple[str, int | None], ClusterSpec] = {}
     for position, (_, row) in enumerate(frame.iterrows()):

@@ -48,6 +48,8 @@ __all__ = [
 ]
 
 KINDS = ("gemm", "attention", "memory", "collective", "overhead")
+# Precisions a GEMM or attention row may name (fit reads fp32 against the TF32 peak, an empty cell as bf16).
+ROW_PRECISIONS = ("", "fp32", "tf32", "fp16", "bf16", "fp8")
 # The same GEMM timed in a short burst (as every kernel is profiled) and under sustained load (module docstring).
 SUSTAINED_PROBES = ("probe.gemm_burst", "probe.gemm_sustained")
 
@@ -91,6 +93,28 @@ class Measurement:
                 f"collective measurement: op must be one of {', '.join(COLLECTIVES)}, got {self.op!r}; "
                 "rename the op or remove the row"
             )
+
+
+def check_fittable(row: Measurement) -> None:
+    """Raise a CalibrationError unless ``row`` has what fitting it needs: a GEMM or attention row a known precision and
+    positive FLOPs (its efficiency is FLOPs over time against that precision's peak), a memory or collective row
+    positive bytes. Applied to rows read from files (an empty ``flops`` cell used to end in a traceback)."""
+    if row.kind in ("gemm", "attention"):
+        if row.precision not in ROW_PRECISIONS:
+            raise CalibrationError(
+                f"column 'precision': {row.precision!r} is not one of {', '.join(p for p in ROW_PRECISIONS if p)}; "
+                "fix the cell (empty means bf16)"
+            )
+        if not (row.flops > 0 and math.isfinite(row.flops)):
+            raise CalibrationError(
+                f"column 'flops': {_fmt(row.flops) or 'empty'} is not a positive number for a {row.kind} row; give "
+                "the kernel's FLOPs (2·m·n·k for a GEMM) or remove the row"
+            )
+    if row.kind in ("memory", "collective") and not (row.bytes > 0 and math.isfinite(row.bytes)):
+        raise CalibrationError(
+            f"column 'bytes': {_fmt(row.bytes) or 'empty'} is not a positive number for a {row.kind} row; give the "
+            "bytes it moves or remove the row"
+        )
 
 
 COLUMNS = tuple(f.name for f in fields(Measurement))
@@ -272,7 +296,9 @@ def _read_csv(path: Path) -> list[Measurement]:
             for i, raw in enumerate(reader, start=2):
                 values = {c: _parse(path, i, c, raw.get(c) or "") for c in COLUMNS if c in raw}
                 try:
-                    out.append(Measurement(**values))  # type: ignore[arg-type]
+                    row = Measurement(**values)  # type: ignore[arg-type]
+                    check_fittable(row)
+                    out.append(row)
                 except CalibrationError as err:
                     raise CalibrationError(f"{path}: line {i}: {err}") from None
     except UnicodeDecodeError as err:

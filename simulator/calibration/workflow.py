@@ -238,6 +238,22 @@ def write_table(table: CalibrationTable, path: Path, header: str = "") -> None:
     path.write_text((f"# {header}\n" if header else "") + text, encoding="utf-8")
 
 
+def check_ranks(ranks: int, device: str) -> None:
+    """Refuse more local ranks than the machine has cores (CPU) or GPUs (CUDA): each is a process of its own (about
+    200 MB on a CPU), and 100,000 of them were killed for memory without a word."""
+    if device == "cpu":
+        most, what = os.cpu_count() or 1, "CPU cores"
+    else:
+        from simulator.calibration.torchlib import require_torch
+
+        most, what = max(1, int(require_torch().cuda.device_count())), "GPUs"
+    if ranks > most:
+        raise CalibrationError(
+            f"--ranks {ranks}: more than the {most} {what} of this machine (one process per rank); give --ranks "
+            f"{most} or fewer"
+        )
+
+
 def _default_ranks(device: str) -> int:
     """Two ranks on a CPU with two or more cores (one DDP check), every GPU (up to 8) on CUDA."""
     if device == "cpu":
@@ -303,6 +319,7 @@ def run_host(
             f"--ranks must be >= 1 (processes, one per simulated device), got {ranks}; give --ranks 1 or more, or "
             "leave it out for the default (2 CPU processes, or every GPU up to 8)"
         )
+    check_ranks(ranks, device)
     configs = tuple(c for c in configs if c.ranks <= ranks)
     shapes: dict[str, Any] = {}
     for cfg in configs:

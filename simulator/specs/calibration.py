@@ -159,7 +159,7 @@ class EfficiencyCurve:
                 raise f.error(f"efficiency[{i}]", f"must be in (0, 1], got {y}", "efficiency is achieved / peak")
         spec = cls(
             op=f.choice("op", COMPUTE_OPS),
-            precision=f.text("precision"),
+            precision=f.choice("precision", CURVE_PRECISIONS),
             log10_size=xs,
             efficiency=ys,
             axis=f.choice("axis", AXES, "size"),
@@ -168,6 +168,21 @@ class EfficiencyCurve:
         )
         f.done()
         return spec
+
+
+# Precisions a compute curve may be stated for ("any": memory-bound classes, which run at any precision).
+CURVE_PRECISIONS = ("any", "fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+def _refuse_repeats(f: Fields, key: str, keys: list[tuple[object, ...]], what: str) -> None:
+    for j, k in enumerate(keys):
+        if k in keys[:j]:
+            first = keys.index(k)
+            raise f.error(
+                f"{key}[{j}]",
+                f"repeats the {what} of {key}[{first}] ({', '.join(map(str, k))})",
+                "keep one curve per key (merge their points)",
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,6 +325,11 @@ class CalibrationTable:
             EfficiencyCurve.from_fields(Fields(c, where, f"compute[{i}]")) for i, c in enumerate(compute_raw)
         )
         colls = tuple(BandwidthCurve.from_fields(Fields(c, where, f"collectives[{i}]")) for i, c in enumerate(coll_raw))
+        # Lookups take the first curve of a key, so a second one would be ignored or, reordered, win: refuse it.
+        _refuse_repeats(f, "compute", [(c.op, c.precision) for c in compute], "op and precision")
+        _refuse_repeats(
+            f, "collectives", [(c.collective, c.scope, c.ranks) for c in colls], "collective, scope and ranks"
+        )
         prov_f = f.sub("provenance", None)
         provenance: tuple[tuple[str, str], ...] = ()
         if prov_f is not None:
@@ -321,7 +341,8 @@ class CalibrationTable:
             compute=compute,
             collectives=colls,
             overlap_slowdown=f.number("overlap_slowdown", None, minimum=0.0, maximum=1.0),
-            launch_overhead_s=_us(f.number("launch_overhead_us", None, minimum=0.0)),
+            # At most a second per operator: kernel launches take microseconds; 1e20 µs made a step of 1e18 s.
+            launch_overhead_s=_us(f.number("launch_overhead_us", None, minimum=0.0, maximum=1e6)),
             # Sustained over burst speed: a GPU kept busy cannot beat its burst speed (above 1, a GEMM could pass peak).
             sustained_gemm_ratio=f.number("sustained_gemm_ratio", None, positive=True, maximum=1.0),
             measured_nvlink_bandwidth_bytes_per_s=f.scaled(

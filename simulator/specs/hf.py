@@ -21,7 +21,7 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields
-from simulator.specs.model import ModelSpec, MoESpec
+from simulator.specs.model import MAX_LAYERS, ModelSpec, MoESpec
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "UNREAD_ARCHITECTURE_KEYS", "load_hf_config", "model_from_hf_config"]
 
@@ -341,8 +341,10 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     # Qwen2-MoE/Qwen3-MoE make layer i sparse when it is not in mlp_only_layers and (i + 1) % decoder_sparse_step
     # == 0 (transformers modeling_qwen2_moe.py). A model spec holds a leading block of dense layers, then every
     # step-th layer sparse: the sparse set must be that, starting at its first layer.
-    layers = f.integer("num_hidden_layers", minimum=1)
-    dense = set(dense_layers) | set(range(leading))
+    # Bounded before the per-layer sets below are built (a layer count of 1e20 used to exhaust memory here; the
+    # model spec bounds every other importer's layers the same way).
+    layers = f.integer("num_hidden_layers", minimum=1, maximum=MAX_LAYERS)
+    dense = set(dense_layers) | set(range(min(leading, layers)))
     sparse = [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
     if not sparse:
         key = (

@@ -105,6 +105,9 @@ def _looks_like_path(ref: str) -> bool:
 def find_file(kind: str, ref: str | Path) -> Path:
     """The file that ``ref`` names: an existing path, or a built-in name of ``kind``."""
     text = str(ref)
+    if not text.strip():
+        # Path("") is the current folder, which read as "is a directory" for an empty `device:` in a cluster file.
+        raise SpecError(f"{kind} {text!r}", "is empty", f"name a built-in {kind} or a {kind} file")
     if isinstance(ref, Path) or _looks_like_path(text):
         path = Path(text).expanduser()
         if path.is_dir():
@@ -322,7 +325,15 @@ def parse_overrides(settings: list[str] | tuple[str, ...]) -> dict[str, dict[str
             parsed = yaml.safe_load(value) if value.strip() else None
         except yaml.YAMLError:
             parsed = value
-        out.setdefault(scope, {})[name] = parsed
+        given = out.setdefault(scope, {})
+        if name in given and given[name] != parsed:
+            # The last one used to win silently, unlike a flag and a --set that disagree.
+            raise SpecError(
+                f"--set {key.strip()}",
+                f"is given twice, as {given[name]!r} and {parsed!r}",
+                "give each key once",
+            )
+        given[name] = parsed
     return out
 
 

@@ -89,6 +89,12 @@ class MoESpec:
             raise SpecError(
                 "top_k", f"must be <= num_experts: top_k={self.top_k}, num_experts={self.num_experts}", "lower top_k"
             )
+        if self.shared_expert_ffn_hidden and not self.shared_experts:
+            raise SpecError(
+                "shared_expert_ffn_hidden",
+                f"is {self.shared_expert_ffn_hidden} but shared_experts is 0, so it would be ignored",
+                "give shared_experts (how many shared experts each MoE layer has), or remove the key",
+            )
         if self.shared_experts and not self.shared_expert_ffn_hidden:
             # Checked here, not only when a file is read, so that a spec built in Python obeys the same rule.
             raise SpecError(
@@ -384,9 +390,12 @@ def _check_model(m: ModelSpec) -> None:
             f"gated_mlp={str(m.gated_mlp).lower()} contradicts activation={m.activation}",
             "gated MLPs use swiglu or geglu; ungated ones gelu, relu, squared_relu or silu",
         )
-    if m.moe is not None and m.moe.first_dense_layers > m.layers:
+    if m.moe is not None and m.moe.first_dense_layers >= m.layers:
+        # With as many dense layers as layers, no layer has experts: the MoE block describes nothing (the HF
+        # importer refuses the same for a config).
         raise SpecError(
             "moe.first_dense_layers",
-            f"must be <= layers: first_dense_layers={m.moe.first_dense_layers}, layers={m.layers}",
-            "lower it",
+            f"must be < layers (leave at least one MoE layer): first_dense_layers={m.moe.first_dense_layers}, "
+            f"layers={m.layers}",
+            "lower it, or remove the moe block for a dense model",
         )

@@ -684,3 +684,54 @@ def test_a_long_row_is_named_by_the_line_it_starts_on(tmp_path: Path, capsys: py
     path.write_text(header + "\n" + out.getvalue())
     assert main(["validate", str(path)]) == 2
     assert "line 2 has 36 fields" in capsys.readouterr().err
+
+
+def test_an_output_that_is_an_input_or_another_output_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model YAML given as --trace was replaced by the trace, an nccl-tests file given as --out by the rows read
+    from it, a stacks file by validate's rows, and --device-out equal to --out left only the device profile where the
+    table was reported written: each is refused before anything runs, and the inputs are left as they were."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    model = tmp_path / "m.yaml"
+    shutil.copy(root / "models" / "mpt-7b.yaml", model)
+    nccl = tmp_path / "ar.txt"
+    shutil.copy(root / "data" / "calibration" / "vtrain" / "a100_all_reduce_2gpu.txt", nccl)
+    stacks = tmp_path / "stacks.yaml"
+    stacks.write_text("stacks: []\n")
+    before = {p: p.read_bytes() for p in (model, nccl, stacks)}
+    sim = ["simulate", "--model", str(model), "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"]
+    cases = [
+        ([*sim, "--trace", str(model)], f"--trace {model}: is an input of this command"),
+        (["calibrate", "import-nccl-tests", str(nccl), "--out", str(nccl)], f"--out {nccl}: is an input"),
+        (
+            [
+                "validate",
+                str(root / "data" / "validation" / "published_runs.csv"),
+                "--stacks",
+                str(stacks),
+                "--out",
+                str(stacks),
+            ],
+            f"--out {stacks}: is an input",
+        ),
+        (
+            [
+                "calibrate",
+                "fit",
+                str(nccl),
+                "--out",
+                str(tmp_path / "t.yaml"),
+                "--device-out",
+                str(tmp_path / "t.yaml"),
+            ],
+            "is also --device-out",
+        ),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2, argv
+        assert says in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (tmp_path / "t.yaml").exists()

@@ -458,3 +458,52 @@ def test_only_device_keeps_rows_that_name_no_device(tmp_path: Path) -> None:
     result = fit_files([path], name="t", device=load_device("H100-SXM5-80GB"), holdout_every=0,
                        only_device=("H100-SXM5-80GB",))  # fmt: skip
     assert len(result.rows) == 8
+
+
+@pytest.mark.parametrize(
+    ("cells", "says"),
+    [
+        ({"flops": ""}, "column 'flops': empty is not a positive number for a gemm row"),
+        ({"flops": "nan"}, "column 'flops': empty is not a positive number for a gemm row"),
+        ({"flops": "-5"}, "column 'flops': -5.0 is not a positive number"),
+        ({"precision": "abc"}, "column 'precision': 'abc' is not one of fp32, tf32, fp16, bf16, fp8"),
+    ],
+)
+def test_fit_names_the_line_and_column_of_an_unfittable_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], cells: dict[str, str], says: str
+) -> None:
+    """A GEMM row without FLOPs used to end fit in an IndexError traceback (exit 1), one with an unknown precision in
+    a message naming neither file nor line; both are bad input now, located."""
+    good = {"kind": "gemm", "op": "gemm.fwd", "precision": "bf16", "m": "64", "n": "64", "k": "64"}
+    good |= {"flops": "524288.0", "time_s": "1e-5"}
+    rows = measurement_csv(tmp_path / "k.csv", [good, good | cells])
+    code, _, err = run(
+        ["calibrate", "fit", str(rows), "--device", "H100-SXM5-80GB", "--out", str(tmp_path / "t.yaml")], capsys
+    )
+    assert code == 2
+    assert f"{rows}: line 3: {says}" in err
+    assert "Traceback" not in err
+
+
+def test_profile_and_host_refuse_more_threads_ranks_or_load_than_the_machine_can_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--threads 100000 crashed PyTorch (exit 139), --ranks 100000 was killed for memory (exit 137) and --sustain
+    1e30 ran forever; each is bad input now, with the bound it broke."""
+    import os
+
+    cores = os.cpu_count() or 1
+    out = str(tmp_path / "p")
+    profile = ["calibrate", "profile", "--configs", "tiny", "--out", out]
+    fewer = f"give --ranks {cores} or fewer"
+    cases = [
+        ([*profile, "--threads", str(cores + 1)], f"at most the {cores} CPU cores"),
+        ([*profile, "--sustain", "1e30"], "from 0 to 3600"),
+        ([*profile, "--collectives", "--ranks", str(cores + 1)], fewer),
+        (["calibrate", "host", "--ranks", str(cores + 1), "--no-check", "--out", out], fewer),
+    ]
+    for argv, says in cases:
+        code, _, err = run(argv, capsys)
+        assert code == 2, argv
+        assert says in err
+    assert not (tmp_path / "p").exists()

@@ -374,3 +374,14 @@ def test_sliding_window_attention_is_refused_not_timed_as_full(changes: dict, re
         assert "not modelled" in err.what
     else:
         assert model_from_hf_config({**LLAMA, **changes}, WHERE, name="m").layers == LLAMA["num_hidden_layers"]
+
+
+def test_a_qwen_moe_config_with_a_huge_layer_count_is_refused_before_it_is_built(tmp_path: Path) -> None:
+    """The Qwen-MoE importer built its per-layer sets before any bound applied: 1e20 layers exhausted memory (and 1e8
+    took seconds and gigabytes). It is bounded like every other importer's layers."""
+    data = json.loads((Path(__file__).parents[1] / "data" / "hf" / "qwen3-30b-a3b.json").read_text())
+    data["num_hidden_layers"] = 1e20
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecError, match="num_hidden_layers: must be <= 10000"):
+        load_hf_config(path)

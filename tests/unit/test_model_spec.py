@@ -32,3 +32,19 @@ def test_changing_heads_of_an_mha_model_keeps_it_mha() -> None:
     assert (m.heads, m.kv_heads, m.head_dim) == (64, 64, 192)
     gqa = load_model("llama3-8b", {"hidden": 2048})
     assert (gqa.kv_heads, gqa.head_dim) == (8, 64)
+
+
+def test_moe_keys_that_would_describe_nothing_are_refused() -> None:
+    """A shared-expert size without shared experts, and as many leading dense layers as layers (no MoE layer at
+    all), were accepted and ignored; the HF importer already refused the second for a config."""
+    import yaml
+
+    from simulator.specs.library import find_file
+    from simulator.specs.model import MoESpec
+
+    with pytest.raises(SpecError, match="shared_experts is 0, so it would be ignored"):
+        MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=64, shared_expert_ffn_hidden=128)
+    data = yaml.safe_load(find_file("model", "mixtral-8x7b").read_text())
+    data["moe"]["first_dense_layers"] = data["layers"]
+    with pytest.raises(SpecError, match="must be < layers"):
+        ModelSpec.from_mapping(data, "m.yaml")

@@ -367,3 +367,36 @@ def test_a_layer_count_beyond_the_model_is_refused_by_simulate(knob: str) -> Non
     plan = PlanSpec(tp=8, dp=1, global_batch=8, **extra, **{knob: 50})
     with pytest.raises(SpecError, match=f"must be <= the model's 32 decoder layers, got {knob}=50"):
         simulate(load_model("llama3-8b"), load_cluster("dgx-h100"), plan)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda d: d["compute"][0].update(precision="bf61"), "compute[0].precision: must be one of any, fp32"),
+        (lambda d: d["compute"].append(dict(d["compute"][0])), "repeats the op and precision of compute[0]"),
+        (lambda d: d["collectives"].append(dict(d["collectives"][0])), "repeats the collective, scope and ranks"),
+        (lambda d: d.update(launch_overhead_us=1e20), "launch_overhead_us: must be <= 1000000"),
+    ],
+)
+def test_a_calibration_table_refuses_what_it_would_silently_ignore_or_blow_up(change: Any, says: str) -> None:
+    """A curve at a precision no op runs at (a typo) was never used; a second curve of the same key was ignored, or won
+    where it came first; a launch cost of 1e20 us made a step of 1e18 s. Each is bad input, located."""
+    data = yaml.safe_load(find_file("calibration", "h100-sxm5-80gb").read_text())
+    change(data)
+    with pytest.raises(SpecError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        CalibrationTable.from_mapping(data, "t.yaml")
+
+
+def test_an_empty_device_name_says_it_is_empty() -> None:
+    """`device: ""` in a cluster file read as the current folder ("is a directory")."""
+    with pytest.raises(SpecError, match="device '': is empty"):
+        find_file("device", "")
+
+
+def test_a_key_set_twice_to_different_values_is_refused() -> None:
+    """--set plan.tp=8 --set plan.tp=4 ran with tp 4, silently; the same value twice is harmless."""
+    from simulator.specs.library import parse_overrides
+
+    with pytest.raises(SpecError, match="given twice, as 8 and 4"):
+        parse_overrides(["plan.tp=8", "plan.tp=4"])
+    assert parse_overrides(["plan.tp=8", "plan.tp=8"]) == {"plan": {"tp": 8}}

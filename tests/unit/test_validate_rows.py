@@ -13,7 +13,7 @@ from simulator.parallel.layout import MAX_MICRO_BATCHES
 from simulator.run import simulate
 from simulator.specs import PlanSpec, load_cluster, load_model
 from simulator.specs.model import MAX_LAYERS
-from simulator.validate import load_stacks, validate_frame
+from simulator.validate import load_stacks, validate_file, validate_frame
 
 STACKS = Path(__file__).resolve().parents[2] / "data" / "validation" / "software_stacks.yaml"
 
@@ -451,3 +451,12 @@ def test_each_row_carries_the_layout_as_simulated() -> None:
     assert report.rows[1]["tp"] is None  # an invalid row has no layout
     written = pd.read_csv(io.StringIO(report.rows_frame().to_csv(index=False)), dtype=str, keep_default_na=False)
     assert list(written["dp"]) == ["8", ""]
+
+
+def test_a_repeated_run_id_is_bad_input(tmp_path: Path) -> None:
+    """A row given twice was counted twice in the median and p90."""
+    src = (Path(__file__).resolve().parents[2] / "data" / "validation" / "published_runs.csv").read_text().splitlines()
+    path = tmp_path / "dup.csv"
+    path.write_text("\n".join([src[0], src[1], src[2], src[1]]) + "\n")
+    with pytest.raises(SpecError, match="repeats run_id dev-0001"):
+        validate_file(path)

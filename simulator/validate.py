@@ -58,7 +58,7 @@ from simulator.run import simulate
 from simulator.specs._fields import Fields
 from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
-from simulator.specs.library import load_cluster
+from simulator.specs.library import data_roots, load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import TRAINING_KNOBS, PlanSpec, read_knob
 from simulator.units import fmt_knob
@@ -139,20 +139,16 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
 
 
 def default_stacks_file(csv_path: Path) -> Path | None:
-    """``software_stacks.yaml`` next to the CSV, else the one shipped with clustersim (``data/validation`` of the
-    source tree, packaged into the wheel as ``simulator/_data/validation``), else None."""
-    for candidate in (csv_path.parent / "software_stacks.yaml", *_SHIPPED_STACKS):
+    """``software_stacks.yaml`` next to the CSV, else the one shipped with clustersim, found where the built-in
+    library is (``data_roots``: the source checkout's ``data/validation``, which the wheel carries under
+    ``simulator/_data``), else None."""
+    for candidate in (csv_path.parent / "software_stacks.yaml", *(root / SHIPPED_STACKS for root in data_roots())):
         if candidate.is_file():
             return candidate
     return None
 
 
-_PACKAGE = Path(__file__).resolve().parent
-# In an installed wheel (pyproject.toml: force-include) and in a source checkout (editable install).
-_SHIPPED_STACKS = (
-    _PACKAGE / "_data" / "validation" / "software_stacks.yaml",
-    _PACKAGE.parent / "data" / "validation" / "software_stacks.yaml",
-)
+SHIPPED_STACKS = Path("data") / "validation" / "software_stacks.yaml"  # relative to a data root
 
 
 def stack_overrides(row: dict[str, Any]) -> dict[str, list[Any]]:

@@ -61,6 +61,11 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+# --sustain's bound: a GPU reaches its power-limited clock within a minute or two of load (the README asks for 60 or
+# more); an hour is far past that, and 1e30 s ran forever.
+MAX_SUSTAIN_S = 3600.0
+
+
 def _seconds(text: str) -> float:
     """An argparse type: a finite number of seconds >= 0."""
     try:
@@ -70,11 +75,6 @@ def _seconds(text: str) -> float:
     if not (0 <= value <= MAX_SUSTAIN_S):
         raise argparse.ArgumentTypeError(f"expected a number of seconds from 0 to {MAX_SUSTAIN_S:.0f}, got {text!r}")
     return value
-
-
-# --sustain's bound: a GPU reaches its power-limited clock within a minute or two of load (the README asks for 60 or
-# more); an hour is far past that, and 1e30 s ran forever.
-MAX_SUSTAIN_S = 3600.0
 
 
 def _whole(minimum: int) -> Any:

@@ -171,7 +171,7 @@ def _check_measured_on(rows: Sequence[Measurement], device: DeviceSpec) -> None:
     be meaningless (a CPU profile fitted as an H100 table, say)."""
     best: dict[str, float] = {}
     for r in rows:
-        if r.kind == "gemm" and not r.op.startswith("probe.") and r.flops > 0 and r.time_s > 0:
+        if r.kind == "gemm" and not r.op.startswith("probe."):  # FLOPs and time positive (rows.check_fittable)
             peak = _peak_precision(r.precision)
             best[peak] = max(best.get(peak, 0.0), r.flops / r.time_s)
     for peak, rate in sorted(best.items()):

@@ -338,6 +338,16 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
         def gather(c: int, j: int, now: float) -> None:
             gathered[(c, j)] = on_dp_stream(gathers[c][j], now, f"param_bucket{c}.{j}")
 
+        def wait_for_gather(item: list[Any]) -> simpy.events.ProcessGenerator:
+            """Wait, as a recorded dp gather wait, until a parameter bucket's gather (a DP-stream item) has ended; a
+            NIC-sharing transfer may push its end back meanwhile."""
+            while item[1] > env.now:
+                t0 = env.now
+                yield env.timeout(item[1] - t0)
+                a.dp += env.now - t0
+                if record:
+                    rows.append((s, "wait", WAIT_DP, t0, env.now))
+
         def gather_chunk(c: int, now: float) -> None:
             for j in range(len(gathers[c])):
                 gather(c, j, now)
@@ -405,12 +415,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                     gather_chunk(c, env.now)
                 if first_forward.get(t.chunk) == forward_number:
                     pieces = gathers[t.chunk]
-            while pieces and gathered[(t.chunk, 0)][1] > env.now:  # a NIC-sharing transfer may push it meanwhile
-                t0 = env.now
-                yield env.timeout(gathered[(t.chunk, 0)][1] - t0)
-                a.dp += env.now - t0
-                if record:
-                    rows.append((s, "wait", WAIT_DP, t0, env.now))
+            if pieces:
+                yield from wait_for_gather(gathered[(t.chunk, 0)])
             start = segment = env.now
             if early is not None and res.output_s is not None:
                 # The output leaves once everything but the detached data-parallel collectives is done.
@@ -427,14 +433,10 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 # ring's window is the running piece's, and the trace splits the task around the wait.
                 piece = res.duration_s / len(pieces)
                 for j in range(len(pieces)):
-                    while gathered[(t.chunk, j)][1] > env.now:
-                        t0 = env.now
-                        if record and t0 > segment:
-                            rows.append((s, "compute", f"{t.kind}{t.mb}.{t.chunk}", segment, t0))
-                        yield env.timeout(gathered[(t.chunk, j)][1] - t0)
-                        a.dp += env.now - t0
-                        if record:
-                            rows.append((s, "wait", WAIT_DP, t0, env.now))
+                    if gathered[(t.chunk, j)][1] > env.now:
+                        if record and env.now > segment:
+                            rows.append((s, "compute", f"{t.kind}{t.mb}.{t.chunk}", segment, env.now))
+                        yield from wait_for_gather(gathered[(t.chunk, j)])
                         segment = env.now
                     if ring:
                         cp_window[s] = (env.now + piece, ring)

@@ -21,7 +21,7 @@ def test_wheel_includes_the_library_under_the_package() -> None:
     assert include == {
         "models": "simulator/_data/models",
         "hardware_profiles": "simulator/_data/hardware_profiles",
-        "data/validation/software_stacks.yaml": "simulator/_data/validation/software_stacks.yaml",
+        "data/validation/software_stacks.yaml": "simulator/_data/data/validation/software_stacks.yaml",
     }
 
 
@@ -54,16 +54,22 @@ def test_clustersim_path_is_searched_first(tmp_path: Path, monkeypatch: pytest.M
 def test_an_installed_validate_applies_the_shipped_software_stacks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 4: a wheel install (site-packages/simulator/_data/validation/software_stacks.yaml, no repository) applies
-    the shipped stacks to a CSV that has none beside it; before, it looked outside the package, found nothing and
-    validated the published runs as stated, silently (median 12% instead of 6%). The report says which file it used."""
+    """Issue 4: a wheel install (site-packages/simulator/_data/data/validation/software_stacks.yaml, no repository)
+    applies the shipped stacks to a CSV that has none beside it; before, it looked outside the package, found nothing
+    and validated the published runs as stated, silently (median 12% instead of 6%). The report says which file it
+    used. Another package's site-packages/data/validation/ is not ours."""
     from simulator import validate
 
-    package = tmp_path / "site-packages" / "simulator"
-    shipped = package / "_data" / "validation" / "software_stacks.yaml"
+    site = tmp_path / "site-packages"
+    package = site / "simulator"
+    shipped = package / "_data" / "data" / "validation" / "software_stacks.yaml"
     shipped.parent.mkdir(parents=True)
     shutil.copy(ROOT / "data" / "validation" / "software_stacks.yaml", shipped)
-    monkeypatch.setattr(validate, "_SHIPPED_STACKS", (shipped, package.parent / "data" / "validation" / "x.yaml"))
+    shutil.copytree(ROOT / "models", package / "_data" / "models")
+    (site / "data" / "validation").mkdir(parents=True)
+    (site / "data" / "validation" / "software_stacks.yaml").write_text("stacks: []\n")  # someone else's
+    monkeypatch.setattr(library, "_PACKAGE", package)
+    monkeypatch.delenv("CLUSTERSIM_PATH", raising=False)
     csv = tmp_path / "elsewhere" / "runs.csv"
     csv.parent.mkdir()
     assert validate.default_stacks_file(csv) == shipped

@@ -13,7 +13,8 @@ Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
   number of micro-batches the schedule holds at its peak (read off the generated task order). Full
   recomputation keeps only each layer's input (Korthikanti et al. 2022, Sec. 5) plus one layer's working
   set while it is recomputed (with ``recompute_layers`` only the chunk's first layers recompute and the others
-  keep everything, Megatron-LM's block method); selective recomputation drops what the attention core alone keeps;
+  keep everything, Megatron-LM's block method); selective recomputation drops what the attention core alone keeps,
+  and re-creates it for one layer at a time in backward (that layer's working set);
 * buffers: transient tensors that live outside the saved activations (the 16-bit logits before the fp32
   cross-entropy on the last stage; under ZeRO-3 the gathered parameters of the current and the
   prefetched layer; with ``grad_accum_upcast_copy`` the cast copy of the largest operator's gradient) and a
@@ -166,6 +167,10 @@ def _chunk_activations(
                 if op.kind == "attention"
             )
             kept += (full - dropped) * count
+            if count:
+                # Backward recomputes one layer's core at a time, and what it re-creates lives until that core's
+                # backward is done: a working set like full recomputation's layer, the s² tensors when unfused.
+                working = max(working, dropped)
         else:
             kept += full * count
     return kept, working

@@ -123,12 +123,15 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
     expert = is_expert_gemm(op)
     for axis, div in ((op.tok_axis, tok_div), (op.tp_axis, tp_div)):
         if axis and div > 1:
-            changes[axis] = _ceil(int(getattr(op, axis)), div)
+            exact = expert and axis == op.tok_axis  # rounded up below, once
+            changes[axis] = getattr(op, axis) / div if exact else _ceil(int(getattr(op, axis)), div)
     if expert:
+        # The experts' token count is an exact average (graph.transformer._mlp); the busiest rank's share is
+        # rounded up once, here, to the whole tokens its GEMMs run.
         ep = layout.ep.size
         field = op.tok_axis
-        base = int(changes.get(field, getattr(op, field)))  # type: ignore[call-overload]
-        changes[field] = max(1, math.ceil(base * ep * expert_load(op, layout)))
+        base = float(changes.get(field, getattr(op, field)))  # type: ignore[arg-type]
+        changes[field] = max(1, math.ceil(base * ep * expert_load(op, layout) - 1e-9))
         changes["batch"] = op.batch // ep
     return op.with_(**changes)
 

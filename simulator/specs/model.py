@@ -181,6 +181,7 @@ class ModelSpec:
                 raise SpecError(
                     name, f"'{name}' must be >= 0, got {value}", f"give a positive {name}, or 0 for the default"
                 )
+            check_count(name, value)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim == 0:
@@ -252,9 +253,12 @@ class ModelSpec:
         dense = base + self.mlp_params()
         return dense, dense
 
-    def embedding_params(self) -> int:
-        """Input embedding (tokens, and positions when learned)."""
-        pos = self.seq_len * self.hidden if self.position_embedding == "learned" else 0
+    def embedding_params(self, seq_len: int = 0) -> int:
+        """Input embedding (tokens, and positions when learned). A learned position table has a row per position
+        up to the model's ``seq_len``, or up to ``seq_len`` when a run is longer: Megatron-LM refuses
+        ``--seq-length`` above ``--max-position-embeddings`` (arguments.py), so such a run has a table that long."""
+        positions = max(self.seq_len, seq_len)
+        pos = positions * self.hidden if self.position_embedding == "learned" else 0
         return self.vocab * self.hidden + pos
 
     def output_params(self) -> int:

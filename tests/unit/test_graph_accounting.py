@@ -17,6 +17,8 @@ MLP, dropout on and the unfused attention kernel, no parallelism: s·b·h·(34 +
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from simulator.cost.memory import stage_memory
@@ -147,8 +149,14 @@ def test_tensor_parallel_without_sequence_parallel() -> None:
 
 @pytest.mark.parametrize(("t", "sp"), [(1, False), (4, True)])
 def test_selective_recompute_drops_the_s_squared_term(t: int, sp: bool) -> None:
-    """Issue 2 (activations): selective recomputation keeps 34·s·b·h/t (Korthikanti Eq. 6)."""
-    assert _layer_activations(4, tp=t, sp=sp, recompute="selective") / 4 == pytest.approx(34 * SBH / t, rel=0.02)
+    """Issue 2 (activations): selective recomputation keeps 34·s·b·h/t per layer (Korthikanti Eq. 6), plus, while
+    backward recomputes one layer's attention core, the 5·a·s²·b/t it re-creates (the difference between 6 and 2
+    layers isolates the per-layer part)."""
+    sel: dict[str, Any] = {"tp": t, "sp": sp, "recompute": "selective"}
+    per_layer = (_layer_activations(6, **sel) - _layer_activations(2, **sel)) / 4
+    assert per_layer == pytest.approx(34 * SBH / t, rel=0.02)
+    working = _layer_activations(2, **sel) - 2 * per_layer
+    assert working == pytest.approx(5 * A * S / H * SBH / t, rel=0.02)
 
 
 @pytest.mark.parametrize("kernel", ["flash", "flash2"])

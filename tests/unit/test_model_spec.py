@@ -48,3 +48,18 @@ def test_moe_keys_that_would_describe_nothing_are_refused() -> None:
     data["moe"]["first_dense_layers"] = data["layers"]
     with pytest.raises(SpecError, match="must be < layers"):
         ModelSpec.from_mapping(data, "m.yaml")
+
+
+def test_a_learned_position_table_is_as_long_as_the_run() -> None:
+    """GPT-3 run at 8,192 tokens kept its 2,048-row position table (Megatron-LM refuses a --seq-length above
+    --max-position-embeddings, so such a run has 8,192 rows): stage 0's weights missed 6,144 x 12,288 parameters,
+    which tensor parallelism does not split."""
+    from simulator.graph.transformer import build_graph
+
+    gpt3 = load_model("gpt3-175b")
+    assert gpt3.embedding_params(8192) - gpt3.embedding_params() == 6144 * 12288
+    assert gpt3.embedding_params(1024) == gpt3.embedding_params()  # a shorter run keeps the model's table
+    (emb,) = [op for b in build_graph(gpt3, 8192, 1).blocks for op in b.forward if op.name == "embedding.lookup"]
+    assert emb.replicated_params == 8192 * 12288
+    llama = load_model("llama3-8b")  # rotary positions: no table
+    assert llama.embedding_params(65536) == llama.embedding_params() == llama.vocab * llama.hidden

@@ -11,7 +11,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -197,6 +197,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     tokens = None if args.train_tokens is None else _token_count(args.train_tokens)
     _calibration_hint(cluster)
     result = simulate(model, cluster, plan, record=args.trace is not None, raise_infeasible=False)
+    if model.moe is not None and result.plan.expert_load < result.plan.expert_imbalance:
+        print(
+            f"note: expert_imbalance {result.plan.expert_imbalance:g} is more than ep {result.plan.ep} allows (the "
+            f"busiest of {result.plan.ep} expert-parallel ranks can get at most every routed token of its group): "
+            f"{result.plan.expert_load:g} was used",
+            file=sys.stderr,
+        )
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
         summary = result.to_dict()
@@ -257,11 +264,23 @@ def _token_count(text: str) -> float:
 
 def _calibration_hint(cluster: Any) -> str:
     """A note on stderr where a cluster names no calibration table but one ships for its device (a cluster YAML
-    written by hand usually forgets it, and its ops then run on the default curves); returns the note."""
+    written by hand usually forgets it, and its ops then run on the default curves), or names a table measured on
+    another device; returns the note."""
     from simulator.specs.library import tables_for_device
 
-    if cluster.calibration is not None:
-        return ""
+    table = cluster.calibration
+    if table is not None:
+        if table.device.lower() in ("any", cluster.device.name.lower()):
+            return ""
+        # A table of another GPU is a choice (a proxy for an unmeasured one), but never one to make unawares: its
+        # efficiencies multiply this device's peaks, and the ops are not reported as uncalibrated.
+        note = (
+            f"note: cluster {cluster.name}'s calibration table {table.name} was measured on {table.device}, not on "
+            f"its device {cluster.device.name}: its kernels run at {table.device}'s efficiencies; name a table of "
+            f"{cluster.device.name}, or leave out 'calibration' for the default curves"
+        )
+        print(note, file=sys.stderr)
+        return note
     tables = tables_for_device(cluster.device.name)
     if not tables:
         return ""
@@ -401,7 +420,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
             d = load_device(name)
             half = "bf16" if "bf16" in dict(d.peak_flops) else "fp16"  # V100 has FP16 tensor cores only
             print(
-                f"  {name:<20} {half} {d.peak(half) / 1e12:7.1f} TFLOP/s  HBM {d.hbm_bytes / GIB:6.1f} GiB "
+                f"  {name:<20} {half} {d.peak(half) / 1e12:7.1f} TFLOP/s  memory {d.hbm_bytes / GIB:6.1f} GiB "
                 f"{d.hbm_bandwidth_bytes_per_s / 1e9:6.0f} GB/s"
             )
         print("clusters:")
@@ -411,7 +430,7 @@ def _cmd_hardware(args: argparse.Namespace) -> int:
             domain = f", domain {c.nvlink_domain_gpus}" if c.nvlink_domain_gpus != c.gpus_per_node else ""
             print(
                 f"  {name:<20} {c.gpus_per_node}x {c.device.name:<18} "
-                f"{_fabric(c)} {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s{domain}  "
+                f"{_fabric(c)} {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s per direction{domain}  "
                 f"{c.nics_per_node}x{c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s  ({cal})"
             )
         return EXIT_OK
@@ -466,7 +485,8 @@ def _device_text(d: Any) -> str:
     lines = [f"device {d.name} ({d.vendor or 'unknown vendor'})"]
     for prec, flops in d.peak_flops:
         lines.append(f"  peak {prec:<5} {flops / 1e12:9.1f} TFLOP/s (dense)")
-    lines.append(f"  HBM {d.hbm_bytes / GIB:.1f} GiB at {d.hbm_bandwidth_bytes_per_s / 1e9:.0f} GB/s")
+    # "memory", not "HBM": the L40S carries GDDR6 in the same keys.
+    lines.append(f"  memory {d.hbm_bytes / GIB:.1f} GiB at {d.hbm_bandwidth_bytes_per_s / 1e9:.0f} GB/s")
     if d.sm_count:
         lines.append(f"  SMs {d.sm_count}")
     if d.tdp_watts:
@@ -490,9 +510,9 @@ def _cluster_text(c: Any) -> str:
         f"  {c.gpus_per_node} GPUs per node, {_fabric(c)} domain of {c.nvlink_domain_gpus} GPUs",
         f"  {_fabric(c)} {c.nvlink_bandwidth_bytes_per_s / 1e9:.0f} GB/s per GPU per direction"
         f"{', direct mesh (a group of k uses k-1 peer links)' if c.nvlink_topology == 'mesh' else ''}, NVLS "
-        f"{'yes' if c.nvls else 'no'}",
+        f"{'yes' if c.nvls else 'no' if c.device.vendor != 'amd' else 'n/a (an NVSwitch feature)'}",
         f"  {c.nics_per_node} NICs x {c.nic_bandwidth_bytes_per_s * 8 / 1e9:.0f} Gb/s per node "
-        f"({c.nic_bandwidth_per_gpu_bytes_per_s / 1e9:.1f} GB/s per GPU), {c.topology.replace('_', '-')}, "
+        f"({c.nic_bandwidth_per_gpu_bytes_per_s / 1e9:.3g} GB/s per GPU), {c.topology.replace('_', '-')}, "
         f"oversubscription {c.oversubscription:g}:1",
         f"  latency {c.intra_node_latency_s * 1e6:.1f} us inside, {c.inter_node_latency_s * 1e6:.1f} us across nodes",
     ]
@@ -547,20 +567,40 @@ def _cmd_graph(args: argparse.Namespace) -> int:
         print(_graph_dot(g))
     else:
         print(f"{model.name}: seq_len {seq}, micro-batch {args.micro_batch}, attention {args.attention}")
-        print(
-            f"{'block':<12}{'x':>4}  {'op':<28}{'kind':<10}{'phase':<11}"
-            f"{'GFLOP':>10}{'MB moved':>11}{'params M':>10}{'act MB':>9}"
-        )
-        for r in rows:
-            print(
-                f"{r['block']:<12}{r['count']:>4}  {r['op']:<28}{r['kind']:<10}{r['phase']:<11}"
-                f"{r['flops'] / 1e9:10.2f}{r['bytes'] / 1e6:11.1f}{r['params'] / 1e6:10.2f}{r['act_bytes'] / 1e6:9.1f}"
-            )
+        print(_graph_table(rows))
         t = _graph_totals(g)
         print()
         for k, v in t.items():
             print(f"{k:<34}{v:,.4g}")
     return EXIT_OK
+
+
+# The graph table's columns: header, cell of a row, right-aligned. Widths follow the widest cell, so a long
+# sequence's GFLOP (attn.core.bwd of Llama 3 405B at 131k tokens: 22,517,998) stays under its header.
+_GRAPH_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str], bool], ...] = (
+    ("block", lambda r: str(r["block"]), False),
+    ("x", lambda r: str(r["count"]), True),
+    ("op", lambda r: str(r["op"]), False),
+    ("kind", lambda r: str(r["kind"]), False),
+    ("phase", lambda r: str(r["phase"]), False),
+    ("GFLOP", lambda r: f"{r['flops'] / 1e9:.2f}", True),
+    ("MB moved", lambda r: f"{r['bytes'] / 1e6:.1f}", True),
+    ("params M", lambda r: f"{r['params'] / 1e6:.2f}", True),
+    ("act MB", lambda r: f"{r['act_bytes'] / 1e6:.1f}", True),
+)
+
+
+def _graph_table(rows: list[dict[str, Any]]) -> str:
+    """The operator rows as aligned columns, two spaces apart."""
+    cells = [[head for head, _, _ in _GRAPH_COLUMNS]] + [[cell(r) for _, cell, _ in _GRAPH_COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(_GRAPH_COLUMNS))]
+    return "\n".join(
+        "  ".join(
+            (c.rjust(w) if right else c.ljust(w))
+            for c, w, (_, _, right) in zip(line, widths, _GRAPH_COLUMNS, strict=True)
+        ).rstrip()
+        for line in cells
+    )
 
 
 def _graph_totals(g: Any) -> dict[str, float]:
@@ -760,7 +800,14 @@ def _build_parser() -> _Parser:
     val.add_argument(
         "--strict", action="store_true", help="report rows that do not fit as stated as infeasible (no relaxation)"
     )
-    val.add_argument("--stacks", type=Path, help="software_stacks.yaml to apply (default: next to the CSV)")
+    val.add_argument(
+        "--stacks",
+        type=Path,
+        help=(
+            "software_stacks.yaml to apply (default: the one next to the CSV, else the shipped one, which sets "
+            "knobs for rows whose source names a run it describes; each such row says 'stack: ...')"
+        ),
+    )
     val.add_argument("--no-stacks", action="store_true", help="ignore software stack annotations")
     val.set_defaults(func=_cmd_validate)
 

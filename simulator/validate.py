@@ -715,7 +715,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             groups.setdefault(str(r.get(key) or NOT_GIVEN), []).append(r)
         summary[f"by_{key}"] = {
             name: {
+                # rows: every row of the group, as at the top; scored: those with an error (predicted, measured)
                 **_stats([r["error"] for r in grp if r.get("feasible") and math.isfinite(r["error"])]),
+                "rows": len(grp),
+                "scored": sum(1 for r in grp if r.get("feasible") and math.isfinite(r["error"])),
                 "infeasible": sum(1 for r in grp if not r.get("feasible") and not r.get("invalid")),
                 "invalid": sum(1 for r in grp if r.get("invalid")),
             }
@@ -809,9 +812,11 @@ def format_report(report: ValidationReport, fmt: str) -> str:
     for key in ("by_cluster", "by_source"):
         lines.append(f"{key.replace('_', ' ')}:")
         for name, st in s[key].items():
+            scored = f" ({st['scored']} scored)" if st["scored"] != st["rows"] else ""
             lines.append(
-                f"  {name[:70]:<72} rows {st['rows']:>4}  median {_pct(st.get('median_abs_error'))}  "
-                f"p90 {_pct(st.get('p90_abs_error'))}  infeasible {st['infeasible']}"
+                f"  {name[:70]:<72} rows {st['rows']:>4}{scored}  median {_pct(st.get('median_abs_error'))}  "
+                f"mean {_pct(st.get('mean_abs_error'))}  p90 {_pct(st.get('p90_abs_error'))}  "
+                f"max {_pct(st.get('max_abs_error'))}  infeasible {st['infeasible']}"
                 + (f"  invalid {st['invalid']}" if st.get("invalid") else "")
             )
     return "\n".join(lines)

@@ -103,6 +103,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
     if not args.model and not args.configs:
         raise CalibrationError("calibrate profile: give --model (name, YAML or config.json) or --configs cpu|gpu|tiny")
+    _out_folder(args.out)
     if args.collectives and args.ranks < 2:
         raise CalibrationError(
             f"--collectives needs --ranks >= 2 (local processes exchanging data), got {args.ranks}; "
@@ -270,6 +271,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
                     "sustained_gemm_ratio": result.table.sustained_gemm_ratio,
                     "residuals": summary,
                     "missing": [{"folder": f, "shape": k, "reason": r} for f, k, r in result.missing],
+                    "unfitted": [{"rows": n, "reason": why} for why, n in result.unfitted],
                 },
                 indent=2,
             )
@@ -281,6 +283,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             f"{len(result.rows)} rows, relative to device {result.device.name}"
             + (" (derived from the rows' probes)" if result.derived_device else "")
         )
+        for why, n in result.unfitted:
+            print(f"not fitted: {n} rows, {why}")
         if t.launch_overhead_s is not None:
             print(f"launch overhead {t.launch_overhead_s * 1e6:.2f} us per operator")
         if t.sustained_gemm_ratio is not None:
@@ -374,6 +378,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _out_folder(path: Path) -> None:
+    """``--out`` of profile and host is a folder: refuse an existing file before anything is measured."""
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                raise CalibrationError(
+                    f"--out {path}: {p} is a file, and --out names a folder for the measurements; "
+                    "give a folder (it is created if missing)"
+                )
+            return
+
+
 def _plain_name(name: str, flag: str) -> None:
     """A profile or table name becomes a file name: no folders in it (``../../x`` wrote outside --out)."""
     if not name or name in (".", "..") or "/" in name or "\\" in name:
@@ -385,6 +401,7 @@ def _cmd_host(args: argparse.Namespace) -> int:
 
     if args.name is not None:
         _plain_name(args.name, "--name")
+    _out_folder(args.out)
     configs = _configs(args.configs, args.device)
     result = run_host(
         args.out,

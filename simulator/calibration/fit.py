@@ -65,6 +65,7 @@ __all__ = [
     "monotone_time",
     "predict_time",
     "residual_report",
+    "unfitted_reason",
 ]
 
 MIN_BIN_ROWS = 3
@@ -208,6 +209,24 @@ def monotone_time(
     return tuple(math.exp(x * logb - t) for x, t in zip(xs, fitted, strict=True))
 
 
+def unfitted_reason(row: Measurement) -> str:
+    """Why :func:`fit_table` leaves ``row`` out ("" where it reads it), for the fit's report: no row is dropped
+    without a word."""
+    if row.kind == "overhead" and row.op != "launch":
+        return "overhead rows other than 'launch' (the only host cost a table holds)"
+    if row.kind == "collective":
+        if row.scope != "domain":
+            return (
+                "collectives across nodes (no network curve is fitted: the fabric and NICs they ran on are not "
+                "recorded, and clusters state their own)"
+            )
+        if row.ranks < 2:
+            return "collectives of one rank (no data moves)"
+        if not row.bytes > 0:
+            return "collectives without a size"
+    return ""
+
+
 def fit_table(
     rows: Sequence[Measurement],
     device: DeviceSpec,
@@ -237,17 +256,16 @@ def fit_table(
     launch: list[float] = []
     sustained: dict[str, list[float]] = {op: [] for op in SUSTAINED_PROBES}
     for row in rows:
+        if unfitted_reason(row):
+            continue
         if row.kind == "overhead":
-            if row.op == "launch":
-                launch.append(row.time_s)
+            launch.append(row.time_s)
             continue
         if _is_probe(row):
             if row.op in sustained:
                 sustained[row.op].append(row.time_s)
             continue
         if row.kind == "collective":
-            if row.scope != "domain" or row.ranks < 2 or row.bytes <= 0:
-                continue
             busbw = row.bytes / row.time_s * (bus_factor(row.op, row.ranks) or 1.0)
             colls[(row.op, row.scope, row.ranks)].append((row.bytes, busbw))
         elif row.kind == "memory":

@@ -42,9 +42,9 @@ def host_device(
     CalibrationError
         When the rows hold no GEMM or no memory-bound measurement.
     """
-    gemm = [r.flops / r.time_s for r in rows if r.kind == "gemm" and r.flops > 0 and r.precision != "fp8"]
-    gemm8 = [r.flops / r.time_s for r in rows if r.kind == "gemm" and r.flops > 0 and r.precision == "fp8"]
-    memory = [r.bytes / r.time_s for r in rows if r.kind == "memory" and r.bytes > 0]
+    gemm = _best([r for r in rows if r.kind == "gemm" and r.flops > 0 and r.precision != "fp8"], "GEMM")
+    gemm8 = _best([r for r in rows if r.kind == "gemm" and r.flops > 0 and r.precision == "fp8"], "FP8 GEMM")
+    memory = _best([r for r in rows if r.kind == "memory" and r.bytes > 0], "memory-bound")
     if not gemm or not memory:
         raise CalibrationError(
             f"device {name}: the rows need GEMM and memory-bound measurements to derive a peak and a bandwidth; "
@@ -66,6 +66,37 @@ def host_device(
             f"memory-kernel throughput of the profile; capacity = RAM / {ranks} ranks"
         ),
     )
+
+
+# How far a GEMM of the profile may outrun the device's peak probe (a large square GEMM) before it is taken for a
+# timing glitch. The probe is sized to reach the peak, yet a model shape may beat it by some percent (the peak is
+# the best GEMM of the whole profile, profile.probe_shapes); twice the probe is no kernel, and it would set the
+# derived peak and shrink every efficiency of the table by as much. Memory rows are not checked: a small op that
+# stays in the first-level cache can outrun every copy probe by more than that.
+_OUTLIER_RATIO = 2.0
+
+
+def _rate(r: Measurement) -> float:
+    """FLOP/s of a GEMM, bytes/s of any other row."""
+    return (r.flops if r.kind == "gemm" else r.bytes) / r.time_s
+
+
+def _best(rows: Sequence[Measurement], what: str) -> list[float]:
+    """The throughputs of ``rows``. For GEMMs profiled with a peak probe, a CalibrationError names a row faster than
+    :data:`_OUTLIER_RATIO` times the fastest probe; without probes nothing marks the peak, and the fastest row is
+    taken as it."""
+    probes = [_rate(r) for r in rows if r.kind == "gemm" and r.op.startswith("probe.")]
+    if probes:
+        ceiling = _OUTLIER_RATIO * max(probes)
+        for r in rows:
+            if _rate(r) > ceiling:
+                raise CalibrationError(
+                    f"{what} row {r.op!r} ({r.source or 'unnamed source'}, time {r.time_s:.3g} s) runs at "
+                    f"{_rate(r) / TFLOP:.4g} TFLOP/s, more than {_OUTLIER_RATIO:g}x the device's peak probe "
+                    f"({max(probes) / TFLOP:.4g} TFLOP/s): a timing glitch would set the derived device's peak and "
+                    "shrink every efficiency of the table; remove the row or profile again"
+                )
+    return [_rate(r) for r in rows]
 
 
 def _ram_bytes() -> float:

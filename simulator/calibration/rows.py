@@ -244,10 +244,21 @@ def read_text(path: Path, what: str) -> str:
 def _parse(path: Path, line: int, column: str, text: str) -> object:
     try:
         if column in _INTS:
-            return int(text) if text else 0
+            if not text:
+                return 0
+            try:
+                return int(text)
+            except ValueError:
+                # A spreadsheet or pandas round trip writes whole numbers as 64.0: the same count.
+                value = float(text)
+                if not value.is_integer():
+                    raise CalibrationError(
+                        f"{path}: line {line}: column {column!r}: {text!r} is not a whole number; fix or remove the row"
+                    ) from None
+                return int(value)
         if column in _FLOATS:
             return float(text) if text else math.nan
-    except ValueError:
+    except (ValueError, OverflowError):
         raise CalibrationError(
             f"{path}: line {line}: column {column!r}: {text!r} is not a number; fix or remove the row"
         ) from None

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from simulator.calibration.fit import _peak_precision, fit_table, holdout_errors
+from simulator.calibration.fit import _peak_precision, fit_table, holdout_errors, unfitted_reason
 from simulator.calibration.host import cluster_mapping, device_mapping, host_cluster, host_device, write_yaml
 from simulator.calibration.rows import Measurement, read_rows
 from simulator.errors import CalibrationError, SpecError
@@ -42,6 +42,7 @@ class FitResult:
     rows: tuple[Measurement, ...]
     residuals: dict[str, list[float]]
     missing: tuple[tuple[str, str, str], ...]  # (folder, shape, reason)
+    unfitted: tuple[tuple[str, int], ...] = ()  # (why fit_table left rows out, how many)
 
 
 def own_profile(rows: Sequence[Measurement]) -> bool:
@@ -82,7 +83,7 @@ def fit_files(
             raise CalibrationError(
                 "without --device the device is derived from a profile of our own (its fastest GEMM and copy), and "
                 f"these rows are not one: they were imported{said}; --device must name the device the rows "
-                "were measured on, e.g. --device A100-SXM4-80GB"
+                f"were measured on, e.g. --device {_device_suggestion(on)}"
             )
         device = host_device(rows, name=name, ranks=ranks)
     _check_peaks(rows, device, derived)
@@ -91,7 +92,24 @@ def fit_files(
     options: dict[str, Any] = {"min_bin_rows": 1, "generic_memory": "unclassified"} if own_profile(rows) else {}
     table = fit_table(rows, device, name=name, source=_source(rows), provenance=_provenance(rows), **options)
     residuals = holdout_errors(rows, device, holdout_every=holdout_every, **options) if holdout_every > 1 else {}
-    return FitResult(table, device, derived, tuple(rows), residuals, missing)
+    unfitted: dict[str, int] = {}
+    for r in rows:
+        why = unfitted_reason(r)
+        if why:
+            unfitted[why] = unfitted.get(why, 0) + 1
+    return FitResult(table, device, derived, tuple(rows), residuals, missing, tuple(sorted(unfitted.items())))
+
+
+def _device_suggestion(names: Sequence[str]) -> str:
+    """The built-in device the rows name, for an error's fix (A100-SXM4-80GB where they name none we ship)."""
+    from simulator.specs.library import load_device
+
+    for name in names:
+        try:
+            return load_device(name).name
+        except SpecError:
+            continue
+    return "A100-SXM4-80GB (a built-in name, or a device YAML)"
 
 
 def _one_device(rows: list[Measurement], only_device: Sequence[str]) -> list[Measurement]:

@@ -187,6 +187,11 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
                 f"'ep' must divide tp·dp·cp with expert_tp 1: ep={ep}, tp={tp}, dp={dp}, cp={cp}",
             )
     _require(
+        dp <= plan.global_batch,
+        f"dp={dp:,} data-parallel replicas for a global batch of {plan.global_batch:,} sequences: every replica "
+        "needs at least one; use fewer GPUs (or more tp, pp, cp) or a larger global batch",
+    )
+    _require(
         plan.global_batch % (dp * mb) == 0,
         f"'global_batch' must be a multiple of dp·micro_batch: global_batch={plan.global_batch}, dp={dp}, "
         f"micro_batch={mb}",

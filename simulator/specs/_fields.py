@@ -263,7 +263,7 @@ def _fmt(x: float) -> str:
     # Whole numbers as integers, but not the hundreds of digits of a huge number (1e300 stays 1e+300, 10**400 is
     # shown by its digit count: it has no float form).
     if isinstance(x, int) and abs(x) >= 10**15:
-        return f"a {len(str(abs(x)))}-digit number"
+        return f"a number of {len(str(abs(x)))} digits"
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 

@@ -152,6 +152,14 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
     return _llama_like(f, name, model_type)
 
 
+# Keys only one supported family's config.json has: a file without model_type or architectures that carries
+# them is that family, not a Llama (transformers' GPT2Config and GPTNeoXConfig attribute names).
+_FAMILY_MARK_KEYS = (
+    ("gpt2", ("n_embd", "n_layer", "n_head")),
+    ("gpt_neox", ("rotary_pct", "use_parallel_residual")),
+)
+
+
 def _model_type(f: Fields) -> str:
     """The lower-case ``model_type``; without one, the family its ``architectures`` class names, or ``""``."""
     value = f.raw("model_type", None)
@@ -161,6 +169,15 @@ def _model_type(f: Fields) -> str:
         return value.strip().lower()
     classes = f.raw("architectures", None)
     if classes is None:
+        for family, marks in _FAMILY_MARK_KEYS:
+            found = [k for k in marks if k in f.data]
+            if found:
+                # Read the Llama way, such a file fails on a missing hidden_size, or is silently another model.
+                raise f.error(
+                    "model_type",
+                    f"is missing, and the keys {', '.join(found)} are {family}'s",
+                    f'add "model_type": "{family}" (or the architectures list the checkpoint has)',
+                )
         return ""  # read the Llama way, as documented
     if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
         raise f.error("architectures", f"must be a list of class names, got {classes!r}", 'write ["LlamaForCausalLM"]')

@@ -237,6 +237,57 @@ def test_graph_formats(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
         assert "attn.qkv" in out
 
 
+def test_graph_table_columns_hold_long_sequences(capsys: pytest.CaptureFixture[str]) -> None:
+    """At 131k tokens attn.core.bwd's GFLOP (22517998.14) was wider than its column and pushed the row out of
+    line with the header: every number now ends under its header."""
+    code, out, _ = run(["graph", "--model", "llama3-405b", "--seq-len", "131072", "--micro-batch", "16"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    header = lines[1]
+    ends = [header.index(h) + len(h) for h in ("GFLOP", "MB moved", "params M", "act MB")]
+    table = lines[2 : lines.index("")]
+    assert any("22517998.14" in line for line in table)
+    for line in table:
+        numbers = line.split()[-4:]
+        assert [line.index(n, e - len(n)) + len(n) for n, e in zip(numbers, ends, strict=True)] == ends, line
+
+
+@pytest.mark.parametrize(
+    ("calibration", "note"),
+    [
+        ("calibration: a100-sxm4-80gb\n", "table a100-sxm4-80gb was measured on A100-SXM4-80GB, not on its device"),
+        # (no table at all: test_cli_answers' hint that names the device's shipped one)
+        ("calibration: h100-sxm5-80gb\n", None),
+    ],
+)
+def test_a_cluster_file_with_another_devices_table_is_noted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], calibration: str, note: str | None
+) -> None:
+    """A hand-written H100 cluster naming the A100 table ran its kernels at A100 efficiencies without a word."""
+    text = (ROOT / "hardware_profiles" / "clusters" / "dgx-h100.yaml").read_text()
+    lines = [line for line in text.splitlines(keepends=True) if not line.startswith("calibration:")]
+    cluster = tmp_path / "mine.yaml"
+    cluster.write_text("".join(lines).replace("name: dgx-h100", "name: mine") + calibration)
+    argv = ["simulate", "--model", "llama3-8b", "--cluster", str(cluster), "--gpus", "8", "--tp", "8"]
+    argv += ["--global-batch", "8"]
+    code, _, err = run(argv, capsys)
+    assert code == 0
+    if note is None:
+        assert "note:" not in err
+    else:
+        assert note in err
+
+
+@pytest.mark.parametrize(("ep", "noted"), [("2", True), ("8", False)])
+def test_expert_imbalance_capped_at_ep_is_noted(capsys: pytest.CaptureFixture[str], ep: str, noted: bool) -> None:
+    """expert_imbalance 4 with ep 2 ran as 2 (the cap a sweep over ep relies on) without saying so."""
+    argv = ["simulate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--tp", "2", "--pp", "4"]
+    code, _, err = run([*argv, "--ep", ep, "--global-batch", "256", "--set", "plan.expert_imbalance=4"], capsys)
+    assert code == 0
+    assert ("note: expert_imbalance 4 is more than ep 2 allows" in err) is noted
+    assert ("2 was used" in err) is noted
+
+
 def test_every_shipped_yaml_checks(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 2: every shipped YAML passes clustersim check."""
     files = []

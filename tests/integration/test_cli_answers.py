@@ -422,6 +422,19 @@ def test_trace_events_say_what_they_are_and_the_file_carries_the_answer(
     assert all(e["name"].startswith("send ") for e in sends)
 
 
+def test_hardware_show_names_memory_and_features_as_the_device_has_them(capsys: pytest.CaptureFixture[str]) -> None:
+    """The L40S's GDDR6 was shown as HBM, MI300X (no NVSwitch) as 'NVLS no', DGX-1's 6.25 GB/s NIC share as 6.2
+    (found by a datasheet review)."""
+    code, out, _ = run(["hardware", "show", "L40S"], capsys)
+    assert code == 0
+    assert "  memory 45.0 GiB at 864 GB/s" in out
+    assert "HBM" not in out.split("source:")[0]
+    code, out, _ = run(["hardware", "show", "mi300x-8"], capsys)
+    assert "NVLS n/a" in out
+    code, out, _ = run(["hardware", "show", "dgx-v100"], capsys)
+    assert "(6.25 GB/s per GPU)" in out
+
+
 def test_hardware_list_names_each_fabric_and_a_domain_wider_than_a_node(capsys: pytest.CaptureFixture[str]) -> None:
     """MI300X links by Infinity Fabric, not NVLink, and GB200 NVL72's NVLink domain spans 72 GPUs over 18 trays of 4:
     the list had called the first NVLink and hidden the second (found by a first-time-user review)."""
@@ -429,7 +442,7 @@ def test_hardware_list_names_each_fabric_and_a_domain_wider_than_a_node(capsys: 
     assert code == 0
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "Infinity Fabric 448 GB/s" in lines["mi300x-8"]
-    assert "NVLink 900 GB/s, domain 72" in lines["gb200-nvl72"]
+    assert "NVLink 900 GB/s per direction, domain 72" in lines["gb200-nvl72"]
     assert "domain" not in lines["dgx-h100"]
 
 

@@ -288,6 +288,8 @@ def test_validate_reads_spreadsheet_exports_of_the_same_columns(
             ["--tp", "8", "--gpus", "64", "--global-batch", "12", "--micro-batch", "1"],
             "'global_batch' must be a multiple of dp·micro_batch",
         ),
+        # A mistyped GPU count said only that 1536 is not a multiple of dp=15625000000.
+        (["--tp", "8", "--gpus", "128"], "dp=16 data-parallel replicas for a global batch of 8 sequences"),
         # Interleaving without a pipeline once deadlocked the engine and printed a traceback.
         (["--tp", "8", "--gpus", "64", "--pp", "1", "--vp", "4"], "interleaving ('vp' > 1) needs a pipeline"),
     ],
@@ -661,6 +663,20 @@ def test_calibrate_names_are_plain_names(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["calibrate", "host", "--device", "cpu", "--name", "../../x", "--out", str(tmp_path)]) == 2
     _check_message(capsys.readouterr().err, ["--name '../../x': must be a plain name"])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", [["profile", "--configs", "tiny"], ["host", "--device", "cpu"]])
+def test_calibrate_out_folder_that_is_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """profile and host --out an existing file failed after planning (host: after announcing 510 shapes) with
+    'Not a directory'; it is refused first, saying --out is a folder."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    for out in (afile, afile / "sub"):
+        assert main(["calibrate", *command, "--out", str(out)]) == 2
+        _check_message(capsys.readouterr().err, [f"{afile} is a file", "--out names a folder"])
+    assert afile.read_text() == "keep"
 
 
 def test_validate_reads_semicolons_with_cr_only_line_endings(tmp_path: Path) -> None:

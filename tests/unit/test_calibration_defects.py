@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from simulator.calibration import check as check_mod
@@ -204,6 +205,14 @@ def test_fit_of_fp32_rows_without_device_says_device_must_name_the_measured_devi
     assert "these rows are not one: they were imported" in err
     assert "--device must name the device the rows were measured on" in err
     assert "device fittp" not in err
+    assert "e.g. --device A100-SXM4-80GB (a built-in name" in err  # the rows name no device we ship
+    named = tmp_path / "named.csv"
+    frame = pd.read_csv(rows, dtype=str, keep_default_na=False)
+    frame["device"] = "H100-SXM5-80GB"
+    frame.to_csv(named, index=False)
+    code, _, err = run(["calibrate", "fit", str(named), "--out", str(table)], capsys)
+    assert code == 2
+    assert "e.g. --device H100-SXM5-80GB" in err  # it had always suggested the A100
     code, _, err = run(["calibrate", "fit", str(rows), "--device", "V100-SXM2-32GB", "--out", str(table)], capsys)
     assert code == 2
     assert "device V100-SXM2-32GB has no peak_tflops_tf32" in err
@@ -507,3 +516,16 @@ def test_profile_and_host_refuse_more_threads_ranks_or_load_than_the_machine_can
         assert code == 2, argv
         assert says in err
     assert not (tmp_path / "p").exists()
+
+
+def test_whole_numbers_written_as_floats_are_read_as_counts(tmp_path: Path) -> None:
+    """A measurement CSV passed through pandas or a spreadsheet has m = 64.0: it was refused as 'not a number'.
+    It is the count 64; 64.5 is refused as not a whole number."""
+    path = tmp_path / "rows.csv"
+    row = {"kind": "gemm", "op": "mm", "precision": "bf16", "m": "64.0", "n": "64", "k": "64", "flops": "524288"}
+    pd.DataFrame([{**row, "time_s": "1e-6"}]).to_csv(path, index=False)
+    (read,) = read_rows([path])
+    assert (read.m, type(read.m)) == (64, int)
+    pd.DataFrame([{**row, "m": "64.5", "time_s": "1e-6"}]).to_csv(path, index=False)
+    with pytest.raises(CalibrationError, match=r"column 'm': '64\.5' is not a whole number"):
+        read_rows([path])

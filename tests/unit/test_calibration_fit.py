@@ -209,6 +209,21 @@ def test_rows_round_trip_and_append(tmp_path: Path) -> None:
         RowAppender(tmp_path / "c.csv")
 
 
+def test_fit_names_the_rows_it_leaves_out(tmp_path: Path) -> None:
+    """Cross-node collectives and unknown overhead rows were dropped by fit without a word."""
+    rows = [
+        *gemm_rows("vidur"),
+        Measurement(kind="collective", op="all_reduce", bytes=2.0**24, ranks=16, scope="network", time_s=0.01),
+        Measurement(kind="collective", op="all_reduce", bytes=2.0**24, ranks=8, scope="domain", time_s=0.001),
+        Measurement(kind="overhead", op="python", time_s=1e-5),
+    ]
+    write_rows(rows, tmp_path / "rows.csv")
+    result = fit_files([tmp_path / "rows.csv"], name="t", device=DEV)
+    assert [n for _, n in result.unfitted] == [1, 1]
+    assert "collectives across nodes" in result.unfitted[0][0]
+    assert "overhead rows other than 'launch'" in result.unfitted[1][0]
+
+
 def test_host_device_and_cluster_from_rows() -> None:
     rows = (
         gemm_rows(OWN)
@@ -224,6 +239,22 @@ def test_host_device_and_cluster_from_rows() -> None:
     assert cluster.nvlink_bandwidth_bytes_per_s == pytest.approx(2.0**24 / 0.01, rel=1e-3)
     with pytest.raises(CalibrationError, match="GEMM and memory-bound"):
         host_device(memory_rows("layernorm", 0.1), name="x")
+
+
+def test_one_glitched_row_does_not_become_the_derived_peak() -> None:
+    """The derived device's peak is the fastest GEMM: one row timed at a thousandth of its time (a timer glitch,
+    a hand edit) made the peak 1,000x and every efficiency of the table a thousandth. Against the profile's peak
+    probe it is refused, named; a shape somewhat faster than the probe still sets the peak."""
+    rows = [*gemm_rows(OWN), *memory_rows("layernorm", 0.02)]
+    best = max(r.flops / r.time_s for r in rows if r.kind == "gemm")
+    flops = 2.0 * 1024**3  # the probe 10% under the best model shape:
+    probe = Measurement(kind="gemm", op="probe.peak_gemm", flops=flops, time_s=flops / (0.9 * best), source=OWN)
+    glitch = Measurement(kind="gemm", op="gemm.glitch", m=64, n=64, k=64, flops=2.0 * 64**3, time_s=1e-12, source=OWN)
+    with pytest.raises(CalibrationError, match=r"GEMM row 'gemm.glitch' .* more than 2x the device's peak probe"):
+        host_device([*rows, probe, glitch], name="host", ram_bytes=2**30)
+    dev = host_device([*rows, probe], name="host", ram_bytes=2**30)
+    assert dev.peak("bf16") == pytest.approx(best, rel=1e-3)
+    assert host_device([*rows, glitch], name="host", ram_bytes=2**30).peak("bf16") > 1e3 * best  # no probe: no mark
 
 
 def test_fit_files_reports_residuals(tmp_path: Path) -> None:

@@ -115,6 +115,39 @@ def test_nccl_tests_output(tmp_path: Path) -> None:
         import_nccl_tests(tmp_path / "unnamed.txt")
 
 
+def test_nccl_tests_lines_nccl_tests_found_wrong_or_negative_are_dropped_with_a_note(tmp_path: Path) -> None:
+    """A line with #wrong > 0 (nccl-tests' own check found corrupted results) was fitted like any other, and a
+    negative size was skipped without a word: both are dropped and named."""
+    lines = NCCL_OUTPUT.splitlines()
+    broken = lines[-1].replace(" 0   419.00", " 3   419.00")  # out-of-place #wrong 3
+    negative = lines[-2].replace("     1048576", "    -1048576")
+    path = tmp_path / "all_reduce.txt"
+    path.write_text("\n".join([*lines[:-2], negative, broken]) + "\n")
+    notes: list[str] = []
+    assert import_nccl_tests(path, notes=notes) == []
+    assert notes == [
+        f"{path}: dropped 1 data line(s) with a zero or negative size or time (nothing to fit): line 7",
+        f"{path}: dropped 1 data line(s) with #wrong > 0 (nccl-tests found wrong results: a broken run): line 8",
+    ]
+
+
+def test_collective_times_too_short_for_any_fabric_are_a_unit_error(tmp_path: Path) -> None:
+    """128 MiB in 0.42 ns (nanoseconds written where nccl-tests has microseconds) made a table whose all-reduces ran
+    at 300 PB/s; vTrain's nanoseconds read as picoseconds the same."""
+    path = tmp_path / "all_reduce.txt"
+    path.write_text(NCCL_OUTPUT.replace("   420.00  319.57", "     0.00042  319.57"))
+    with pytest.raises(CalibrationError, match=r"line 8: 134217728 bytes in 4.2e-10 s is 3.2e\+05 TB/s.*microseconds"):
+        import_nccl_tests(path)
+    src = (DATA / "vtrain" / "a100_all_reduce_8gpu.txt").read_text().splitlines()
+    cells = src[-1].split(",")
+    cells[3] = "0.001"
+    table = tmp_path / "a100_all_reduce_8gpu.txt"
+    table.write_text("\n".join([*src[:-1], ",".join(cells)]) + "\n")
+    with pytest.raises(CalibrationError, match=f"line {len(src)}: .* nanoseconds"):
+        import_vtrain_table(table)
+    assert import_vtrain_table(DATA / "vtrain" / "a100_all_reduce_8gpu.txt")  # the real table passes
+
+
 def test_nccl_tests_output_with_two_runs_gives_each_its_collective_and_group(tmp_path: Path) -> None:
     """A job log running all_reduce_perf on 2 GPUs, then all_gather_perf on 2 nodes: rank lines used to be
     counted over the whole file (4 ranks for both) and the last test's name given to every row."""

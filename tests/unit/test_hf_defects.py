@@ -167,6 +167,30 @@ def test_missing_model_type_is_placed_by_architectures() -> None:
     assert _load({**gpt2, "architectures": ["GPT2LMHeadModel"]}).norm == "layernorm"
 
 
+@pytest.mark.parametrize(
+    ("cfg", "family", "key"),
+    [
+        ({k: v for k, v in GPT2.items() if k not in ("model_type", "architectures")}, "gpt2", "n_embd"),
+        ({**{k: v for k, v in NEOX.items() if k != "model_type"}, "rotary_pct": 0.25}, "gpt_neox", "rotary_pct"),
+    ],
+)
+def test_a_family_without_model_type_or_architectures_is_named(cfg: dict, family: str, key: str) -> None:
+    """A GPT-2 file with neither model_type nor architectures failed on 'hidden_size is required', which GPT-2
+    files never have, and a NeoX one was read as a Llama without a word: the family's own keys name it."""
+    err = _error(cfg)
+    assert err.where == f"{WHERE}: model_type"
+    assert key in err.what
+    assert f'"model_type": "{family}"' in err.fix
+
+
+def test_head_dim_is_bounded_like_the_other_sizes() -> None:
+    """head_dim 10**17 was accepted (memory in the 10**16 GiB) where hidden 10**17 is refused at 2**53."""
+    err = _error({**LLAMA, "head_dim": 10**17})
+    assert err.where == f"{WHERE}: head_dim"
+    assert "must be at most 2**53" in err.what
+    assert "a number of 18 digits" in err.what
+
+
 def test_deepseek_is_still_refused_at_its_own_key() -> None:
     """Defect 2: the DeepSeek check (naming n_routed_experts) still comes before the model_type check."""
     err = _error({**LLAMA, "model_type": "deepseek_v3", "n_routed_experts": 256})

@@ -13,7 +13,7 @@ from simulator.parallel.layout import MAX_MICRO_BATCHES
 from simulator.run import simulate
 from simulator.specs import PlanSpec, load_cluster, load_model
 from simulator.specs.model import MAX_LAYERS
-from simulator.validate import load_stacks, validate_file, validate_frame
+from simulator.validate import format_report, load_stacks, validate_file, validate_frame
 
 STACKS = Path(__file__).resolve().parents[2] / "data" / "validation" / "software_stacks.yaml"
 
@@ -207,6 +207,11 @@ def test_a_bad_measured_time_makes_the_row_invalid_not_infeasible(value: str) ->
     s = report.summary
     assert (s["predicted"], s["infeasible"], s["invalid"], s["unmeasured"]) == (1, 0, 1, 0)
     assert s["by_cluster"]["dgx-h100"]["invalid"] == 1
+    # rows counts the group's rows as the top-level rows does, scored those with an error (it had been the latter)
+    assert (s["by_cluster"]["dgx-h100"]["rows"], s["by_cluster"]["dgx-h100"]["scored"]) == (2, 1)
+    table = format_report(report, "table")
+    assert "rows    2 (1 scored)  median" in table
+    assert "  max " in table.split("by cluster:")[1]
 
 
 def test_an_unmeasured_row_is_predicted_and_left_out_of_the_error_figures() -> None:

@@ -79,8 +79,9 @@ def import_nccl_tests(
     """Rows from one nccl-tests output file.
 
     ``collective`` and ``ranks`` override what the header says (older versions do not name the test).
-    Data lines with a zero or negative size or time are dropped; ``notes`` (when given) gets one line saying
-    how many and which.
+    Data lines with a zero or negative size or time, or with wrong results (``#wrong`` > 0), are dropped; ``notes``
+    (when given) gets one line saying how many and which. A time too short for any fabric (a unit slip) is an
+    error.
     """
     input_file(path, "nccl-tests output")
     name_given = collective_name(collective) if collective else None
@@ -127,7 +128,7 @@ def import_nccl_tests(
                 run.detected = _collective_from(m.group(1))
             continue
         tokens = stripped.split()
-        if len(tokens) >= 8 and tokens[0].isdigit():
+        if len(tokens) >= 8 and re.fullmatch(r"[-+]?\d+", tokens[0]):
             run.data.append((lineno, tokens))
     if not any(r.data for r in runs) and decode_error is not None:
         raise not_utf8(path, decode_error, "nccl-tests output")
@@ -138,6 +139,7 @@ def import_nccl_tests(
         )
     rows = []
     dropped: list[int] = []
+    wrong: list[int] = []
     for run in runs:
         if not run.data:
             continue
@@ -147,10 +149,30 @@ def import_nccl_tests(
                 f"{path}: line {run.data[0][0]}: cannot tell which collective this is; pass --collective "
                 f"({', '.join(COLLECTIVES)})"
             )
-        rows += _run_rows(path, run, name, ranks, device, dropped)
-    if dropped and notes is not None:
-        notes.append(_dropped_note(path, dropped, "a zero or negative size or time (nothing to fit)"))
+        rows += _run_rows(path, run, name, ranks, device, dropped, wrong)
+    if notes is not None:
+        if dropped:
+            notes.append(_dropped_note(path, dropped, "a zero or negative size or time (nothing to fit)"))
+        if wrong:
+            notes.append(_dropped_note(path, wrong, "#wrong > 0 (nccl-tests found wrong results: a broken run)"))
     return rows
+
+
+# The fastest rate any collective can show, in bytes of its message per second: NVLink 5 moves 900 GB/s per GPU and
+# direction (NVIDIA B200/GB200 datasheets, 1.8 TB/s bidirectional); an all-gather's algorithm bandwidth approaches
+# that, an all-reduce's half of it. Ten times the fabric is no measurement but a unit slip (nanoseconds read as
+# microseconds is a factor of 1,000).
+MAX_ALGBW_BYTES_PER_S = 1e13
+
+
+def _check_plausible(path: Path, lineno: int, size: float, time_s: float, unit: str) -> None:
+    """A line whose message would move faster than :data:`MAX_ALGBW_BYTES_PER_S` is refused, naming the unit."""
+    if size / time_s > MAX_ALGBW_BYTES_PER_S:
+        raise CalibrationError(
+            f"{path}: line {lineno}: {size:.0f} bytes in {time_s:.3g} s is {size / time_s / 1e12:.3g} TB/s, more "
+            f"than ten times the fastest GPU fabric (NVLink 5, 0.9 TB/s per direction); the times must be in {unit}: "
+            "fix the file's unit or remove the line"
+        )
 
 
 @dataclass
@@ -167,9 +189,10 @@ class _Run:
 
 
 def _run_rows(
-    path: Path, run: _Run, name: str, ranks: int | None, device: str, dropped: list[int]
+    path: Path, run: _Run, name: str, ranks: int | None, device: str, dropped: list[int], wrong: list[int]
 ) -> list[Measurement]:
-    """The measurement rows of one run (lines with a zero or negative size or time go to ``dropped``)."""
+    """The measurement rows of one run (lines with a zero or negative size or time go to ``dropped``, lines whose
+    out-of-place result nccl-tests found wrong to ``wrong``)."""
     n = ranks or run.rank_lines or run.n_gpus * run.n_threads
     scope = "network" if len(run.hosts) > 1 else "domain"
     rows = []
@@ -189,6 +212,10 @@ def _run_rows(
         if size <= 0 or time_us <= 0:
             dropped.append(lineno)
             continue
+        if trailing[3].isdigit() and int(trailing[3]) > 0:
+            wrong.append(lineno)
+            continue
+        _check_plausible(path, lineno, size, time_us * 1e-6, "microseconds (nccl-tests' time column)")
         rows.append(
             Measurement(
                 kind="collective",
@@ -256,6 +283,7 @@ def import_vtrain_table(
         if size <= 0 or time_ns <= 0:
             dropped.append(i)
             continue
+        _check_plausible(path, i, size, time_ns * 1e-9, "nanoseconds (vTrain's time(ns) column)")
         rows.append(
             Measurement(
                 kind="collective",

@@ -197,6 +197,15 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     tokens = None if args.train_tokens is None else _token_count(args.train_tokens)
     _calibration_hint(cluster)
     result = simulate(model, cluster, plan, record=args.trace is not None, raise_infeasible=False)
+    unused = [k for k in ("fp8_param", "layers_at_start_in_bf16", "layers_at_end_in_bf16") if getattr(plan, k)]
+    if unused and plan.precision != "fp8":
+        # Accepted (a sweep over precision keeps one plan, and validate's stacks set fp8_param per source), but a
+        # what-if a user expects to move the answer should not be silently inert.
+        print(
+            f"note: {', '.join(unused)} only {'acts' if len(unused) == 1 else 'act'} in FP8 runs; this one is "
+            f"{plan.precision}, so {'it changes' if len(unused) == 1 else 'they change'} nothing",
+            file=sys.stderr,
+        )
     if model.moe is not None and result.plan.expert_load < result.plan.expert_imbalance:
         print(
             f"note: expert_imbalance {result.plan.expert_imbalance:g} is more than ep {result.plan.ep} allows (the "

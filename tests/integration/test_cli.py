@@ -288,6 +288,18 @@ def test_expert_imbalance_capped_at_ep_is_noted(capsys: pytest.CaptureFixture[st
     assert ("2 was used" in err) is noted
 
 
+@pytest.mark.parametrize(("precision", "noted"), [("bf16", True), ("fp8", False)])
+def test_fp8_only_knobs_in_a_16_bit_run_are_noted(
+    capsys: pytest.CaptureFixture[str], precision: str, noted: bool
+) -> None:
+    """fp8_param in a BF16 run was accepted and did nothing, without a word."""
+    argv = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "8"]
+    argv += ["--global-batch", "16", "--zero", "1", "--precision", precision, "--set", "plan.fp8_param=true"]
+    code, _, err = run(argv, capsys)
+    assert code == 0
+    assert ("note: fp8_param only acts in FP8 runs; this one is bf16, so it changes nothing" in err) is noted
+
+
 def test_every_shipped_yaml_checks(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 2: every shipped YAML passes clustersim check."""
     files = []

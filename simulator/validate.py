@@ -55,6 +55,7 @@ import pandas as pd
 
 from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.run import simulate
+from simulator.specs import library
 from simulator.specs._fields import Fields
 from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
@@ -149,6 +150,19 @@ def default_stacks_file(csv_path: Path) -> Path | None:
 
 
 SHIPPED_STACKS = Path("data") / "validation" / "software_stacks.yaml"  # relative to a data root
+
+
+def _stacks_label(chosen: Path | None, given: Path | None, csv_path: Path) -> str | None:
+    """The stacks file as a report names it: as given, or next to the CSV, or, for the one found in the built-in
+    library, ``clustersim's data/validation/software_stacks.yaml``: its absolute path would make the report depend
+    on where clustersim is installed (same inputs, same output bytes)."""
+    if chosen is None:
+        return None
+    package = library._PACKAGE  # the wheel's simulator/_data, or the source checkout it sits in (data_roots)
+    builtin = (package / "_data" / SHIPPED_STACKS, package.parent / SHIPPED_STACKS)
+    if given is None and chosen != csv_path.parent / "software_stacks.yaml" and chosen in builtin:
+        return f"clustersim's {SHIPPED_STACKS.as_posix()}"
+    return str(chosen)  # as given, next to the CSV, or in a CLUSTERSIM_PATH folder
 
 
 def stack_overrides(row: dict[str, Any]) -> dict[str, list[Any]]:
@@ -662,7 +676,7 @@ def validate_file(
         stacks = load_stacks(chosen)
     report = validate_frame(frame, str(path), strict=strict, stacks=stacks, lines=lines)
     # Which facts about the runs' software were applied, so that two reports can be told apart.
-    report.summary["stacks_file"] = str(chosen) if chosen is not None else None
+    report.summary["stacks_file"] = _stacks_label(chosen, stacks_file, path)
     report.summary["stacks_used"] = "file" if chosen is not None else ("off" if not use_stacks else "none found")
     return report
 

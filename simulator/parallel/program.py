@@ -276,14 +276,22 @@ def stage_params(graph: ModelGraph, layout: Layout, chunks: tuple[Chunk, ...]) -
 
 
 # (dense, expert, FP8 dense, FP8 expert) parameters one rank holds of one block, by (model, block, tp, ep,
-# folded): they do not depend on the sequence or micro-batch, and a layout search asks for the same blocks
-# thousands of times.
+# folded, embedding rows): they do not depend on the micro-batch, nor on the sequence but through a learned
+# position table as long as a longer run (ModelSpec.embedding_params), and a layout search asks for the same
+# blocks thousands of times.
 _BLOCK_PARAMS: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
 _BLOCK_PARAMS_MAX = 4096
 
 
 def _block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, int, int, int]:
-    key = (graph.model, name, layout.tp.size, layout.ep.size, layout.experts_folded)
+    key = (
+        graph.model,
+        name,
+        layout.tp.size,
+        layout.ep.size,
+        layout.experts_folded,
+        graph.model.embedding_params(graph.seq_len),
+    )
     hit = _BLOCK_PARAMS.get(key)
     if hit is None:
         counts = [0, 0, 0, 0]

@@ -63,3 +63,20 @@ def test_a_learned_position_table_is_as_long_as_the_run() -> None:
     assert emb.replicated_params == 8192 * 12288
     llama = load_model("llama3-8b")  # rotary positions: no table
     assert llama.embedding_params(65536) == llama.embedding_params() == llama.vocab * llama.hidden
+
+
+def test_a_longer_runs_position_table_does_not_leak_into_other_runs() -> None:
+    """The per-block parameter cache was keyed without the sequence, so once a learned position table grew with
+    a longer run, whichever length ran first set every later run's weights (found by a determinism review)."""
+    from simulator.run import simulate
+    from simulator.specs import PlanSpec, load_cluster
+
+    gpt3, h100 = load_model("gpt3-175b"), load_cluster("dgx-h100")
+
+    def weights(seq: int) -> float:
+        plan = PlanSpec(tp=8, pp=8, dp=1, global_batch=8, micro_batch=1, vp=1, recompute="full", seq_len=seq)
+        return simulate(gpt3, h100, plan.with_(grad_overlap=True), time_oom=False).memory[0].weights
+
+    short, long_ = weights(2048), weights(4096)
+    assert long_ - short == pytest.approx(2 * 2048 * 12288)  # 2,048 more 16-bit rows, not split over tp
+    assert weights(2048) == short

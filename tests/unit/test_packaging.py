@@ -3,6 +3,7 @@ hardware_profiles/ as ``simulator/_data/``, and the library looks there first.""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tomllib
 from pathlib import Path
@@ -75,6 +76,26 @@ def test_an_installed_validate_applies_the_shipped_software_stacks(
     assert validate.default_stacks_file(csv) == shipped
     (csv.parent / "software_stacks.yaml").write_text("stacks: []\n")
     assert validate.default_stacks_file(csv) == csv.parent / "software_stacks.yaml"  # the CSV's own comes first
+
+
+def test_the_shipped_stacks_file_is_named_without_the_install_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """validate printed the shipped stacks file's absolute path, so the same CSV gave other bytes from another
+    checkout or install (found by a determinism review); a file next to the CSV or given is named as found."""
+    from simulator.cli import main
+
+    monkeypatch.delenv("CLUSTERSIM_PATH", raising=False)
+    csv = tmp_path / "runs.csv"
+    csv.write_text((ROOT / "data" / "validation" / "published_runs.csv").read_text())
+    assert main(["validate", str(csv), "--format", "json"]) == 0
+    assert (
+        json.loads(capsys.readouterr().out)["summary"]["stacks_file"]
+        == "clustersim's data/validation/software_stacks.yaml"
+    )
+    shutil.copy(ROOT / "data" / "validation" / "software_stacks.yaml", tmp_path / "software_stacks.yaml")
+    assert main(["validate", str(csv), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["stacks_file"] == str(tmp_path / "software_stacks.yaml")
 
 
 def test_another_packages_top_level_folders_are_not_built_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -178,6 +178,7 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.engine.trace import chrome_trace_json
+    from simulator.parallel.layout import expert_load
     from simulator.run import simulate
     from simulator.specs.library import load_cluster, load_model, parse_overrides
 
@@ -206,11 +207,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"{plan.precision}, so {'it changes' if len(unused) == 1 else 'they change'} nothing",
             file=sys.stderr,
         )
-    if model.moe is not None and result.plan.expert_load < result.plan.expert_imbalance:
+    if model.moe is not None and expert_load(result.plan, model) < result.plan.expert_imbalance:
+        caps = []
+        if result.plan.expert_load < result.plan.expert_imbalance:
+            caps.append(f"ep {result.plan.ep} (the busiest rank gets at most every routed token of its group)")
+        cap = model.moe.capacity_factor
+        if cap is not None and cap < result.plan.expert_imbalance:
+            caps.append(f"capacity_factor {cap:g} (routing drops the tokens past it)")
         print(
-            f"note: expert_imbalance {result.plan.expert_imbalance:g} is more than ep {result.plan.ep} allows (the "
-            f"busiest of {result.plan.ep} expert-parallel ranks can get at most every routed token of its group): "
-            f"{result.plan.expert_load:g} was used",
+            f"note: expert_imbalance {result.plan.expert_imbalance:g} is capped by {' and by '.join(caps)}: "
+            f"{expert_load(result.plan, model):g} was used",
             file=sys.stderr,
         )
     if args.trace is not None:
@@ -662,7 +668,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     if cluster is None:
                         ClusterSpec.from_mapping(data, where)
                     elif _calibration_hint(cluster):
-                        kind += ", uncalibrated: see the note"
+                        other = cluster.calibration is not None  # the note is about another device's table
+                        kind += (
+                            ", calibrated on another device: see the note" if other else ", uncalibrated: see the note"
+                        )
                 elif kind == "calibration":
                     CalibrationTable.from_mapping(data, where)
                 else:

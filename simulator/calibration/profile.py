@@ -59,7 +59,7 @@ from simulator.calibration.torchlib import (
     time_fn,
 )
 from simulator.errors import CalibrationError
-from simulator.graph.ops import Op
+from simulator.graph.ops import Op, whole_tokens
 from simulator.graph.transformer import OPTIMIZER_BYTES_PER_PARAM, build_graph
 from simulator.specs.model import ModelSpec
 
@@ -188,6 +188,9 @@ def model_shapes(
                     op = _shard(raw, tp)
                     shape: Shape | None
                     if op.kind == "gemm":
+                        # The routed experts' tokens per expert are an exact average in the graph; a kernel runs
+                        # whole tokens (a float size also fails in torch.randn).
+                        op = op.with_(**{axis: whole_tokens(getattr(op, axis)) for axis in ("m", "k")})
                         phase = op.name.rsplit(".", 1)[-1] if op.name.endswith((".dgrad", ".wgrad")) else "fwd"
                         shape = Shape(
                             kind="gemm", op=f"gemm.{phase}", m=op.m, n=op.n, k=op.k, batch=op.batch, flops=op.flops,

@@ -14,10 +14,11 @@ activations and 1-byte dropout masks).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["AXES", "FP8_EXCLUDED", "KINDS", "PHASES", "Op"]
+__all__ = ["AXES", "FP8_EXCLUDED", "KINDS", "PHASES", "Op", "shape_text", "whole_tokens"]
 
 KINDS = ("gemm", "attention", "memory")
 PHASES = ("fwd", "bwd_input", "bwd_weight", "bwd", "opt")
@@ -41,7 +42,10 @@ class Op:
         ``fwd``, ``bwd_input`` (activation gradient), ``bwd_weight`` (weight gradient), ``bwd`` (both, for
         ops without weights) or ``opt``.
     m, n, k, batch : int
-        GEMM shape: ``batch`` independent (m×k)·(k×n) products. ``m`` is the token dimension.
+        GEMM shape: ``batch`` independent (m×k)·(k×n) products. ``m`` is the token dimension. In the model's
+        graph the routed experts' token dimension (``m``, or ``k`` of a weight gradient) is the exact average
+        tokens per expert, which may be a fraction; a shard a rank runs, or a shape a kernel is timed at, has
+        whole tokens (:func:`whole_tokens`).
     heads, kv_heads, seq_q, seq_kv, head_dim, causal
         Attention core shape (``batch`` is the micro-batch size).
     read_bytes, write_bytes : float
@@ -160,3 +164,18 @@ class Op:
     def with_(self, **changes: Any) -> Op:
         """A copy with some fields changed."""
         return replace(self, **changes)
+
+
+def whole_tokens(tokens: float) -> int:
+    """The whole tokens a kernel runs for an exact (possibly fractional) token count: rounded up, at least one,
+    with floating-point noise below a billionth of a token ignored (256.0000000001 is 256).
+
+    >>> whole_tokens(42.67), whole_tokens(256.0), whole_tokens(0.25)
+    (43, 256, 1)
+    """
+    return max(1, math.ceil(tokens - 1e-9))
+
+
+def shape_text(x: float) -> str:
+    """A shape dimension as text: whole numbers in full (1048576, not 1.04858e+06), fractions to two decimals."""
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f}"

@@ -39,7 +39,7 @@ from typing import Any
 
 import networkx as nx
 
-from simulator.graph.ops import Op
+from simulator.graph.ops import Op, shape_text
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import ATTENTION
 
@@ -207,7 +207,8 @@ class ModelGraph:
 def _shape_text(op: Op) -> str:
     if op.kind == "gemm":
         prefix = f"{op.batch}x" if op.batch > 1 else ""
-        return f"{prefix}[{op.m:g}x{op.k:g}]·[{op.k:g}x{op.n:g}]"
+        m, k, n = (shape_text(x) for x in (op.m, op.k, op.n))
+        return f"{prefix}[{m}x{k}]·[{k}x{n}]"
     if op.kind == "attention":
         return f"b={op.batch} heads={op.heads}/{op.kv_heads} s={op.seq_q}x{op.seq_kv} d={op.head_dim}"
     return f"read {op.read_bytes:.0f} B, write {op.write_bytes:.0f} B"
@@ -437,8 +438,9 @@ def _mlp(prefix: str, model: ModelSpec, tokens: int, ffn: int, *, experts: int =
         # Stack the experts as a grouped GEMM: batch = experts, m (or k for wgrad) = tokens per expert.
         # Memory ops and saved activations already cover all routed tokens, so only GEMMs change. The average
         # is kept exact (a fraction where the routed tokens do not divide evenly, 2048 x 8 over 384 experts say):
-        # rounded down, the experts' FLOPs lost up to 1.6% there, and 4x too many where fewer tokens than
-        # experts were rounded up to one each. A rank's share is rounded up where the layout shards it.
+        # rounded down, the experts' model FLOPs lost up to 1.6% there, and counted 4x too many where fewer tokens
+        # than experts were rounded up to one each. A rank's share is rounded up where the layout shards it (so a
+        # rank still runs at least one token per expert it holds).
         per = tokens / experts
         fwd = [_as_grouped(op, experts, per) for op in fwd]
         bwd = [_as_grouped(op, experts, per) for op in bwd]

@@ -260,11 +260,11 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
         edp=place("edp", tp * dp * cp // (ep * etp), etp * ep, cluster),
         pp=place("pp", pp, tp * cp * dp, cluster),
         etp=etp,
-        expert_load=_expert_load(plan, model),
+        expert_load=expert_load(plan, model),
     )
 
 
-def _expert_load(plan: PlanSpec, model: ModelSpec) -> float:
+def expert_load(plan: PlanSpec, model: ModelSpec) -> float:
     """The busiest expert-parallel rank's routed tokens over the average: the plan's ``expert_load`` (its imbalance,
     at most ep), capped by the model's capacity factor where routing drops tokens. Megatron-Core's
     ``--moe-expert-capacity-factor`` gives each expert at most that many times its average tokens and drops the rest,

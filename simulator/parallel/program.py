@@ -33,11 +33,10 @@ durations. Collective placement follows Megatron-LM:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from simulator.graph.ops import Op
+from simulator.graph.ops import Op, whole_tokens
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Group, Layout
 from simulator.parallel.stages import Chunk
@@ -131,7 +130,7 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
         ep = layout.ep.size
         field = op.tok_axis
         base = float(changes.get(field, getattr(op, field)))  # type: ignore[arg-type]
-        changes[field] = max(1, math.ceil(base * ep * expert_load(op, layout) - 1e-9))
+        changes[field] = whole_tokens(base * ep * expert_load(op, layout))
         changes["batch"] = op.batch // ep
     return op.with_(**changes)
 

@@ -152,11 +152,13 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
     return _llama_like(f, name, model_type)
 
 
-# Keys only one supported family's config.json has: a file without model_type or architectures that carries
-# them is that family, not a Llama (transformers' GPT2Config and GPTNeoXConfig attribute names).
+# Keys of a supported family's config.json (transformers' GPT2Config and GPTNeoXConfig attribute names) that a
+# Llama-style file lacks: a file without model_type or architectures that carries them is not a Llama, and is
+# refused with the family named. GPT-2's are shared by families this importer does not read (GPT-J and CodeGen,
+# which also have rotary_dim; BLOOM's n_layer and n_head), so the fix names them too.
 _FAMILY_MARK_KEYS = (
-    ("gpt2", ("n_embd", "n_layer", "n_head")),
-    ("gpt_neox", ("rotary_pct", "use_parallel_residual")),
+    ("gpt2", ("n_embd", "n_layer", "n_head"), "GPT-J, CodeGen and BLOOM use these keys too and are not supported"),
+    ("gpt_neox", ("rotary_pct", "use_parallel_residual"), ""),
 )
 
 
@@ -169,14 +171,15 @@ def _model_type(f: Fields) -> str:
         return value.strip().lower()
     classes = f.raw("architectures", None)
     if classes is None:
-        for family, marks in _FAMILY_MARK_KEYS:
+        for family, marks, shared in _FAMILY_MARK_KEYS:
             found = [k for k in marks if k in f.data]
             if found:
                 # Read the Llama way, such a file fails on a missing hidden_size, or is silently another model.
                 raise f.error(
                     "model_type",
-                    f"is missing, and the keys {', '.join(found)} are {family}'s",
-                    f'add "model_type": "{family}" (or the architectures list the checkpoint has)',
+                    f"is missing, and the keys {', '.join(found)} are not a Llama's",
+                    f'if it is {family}, add "model_type": "{family}" (or the architectures list the checkpoint '
+                    f"has){f'; {shared}' if shared else ''}; otherwise write a clustersim model YAML",
                 )
         return ""  # read the Llama way, as documented
     if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):

@@ -237,6 +237,18 @@ def test_graph_formats(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
         assert "attn.qkv" in out
 
 
+def test_graph_shapes_print_whole_numbers_in_full(capsys: pytest.CaptureFixture[str]) -> None:
+    """A 1,048,576-token GEMM's shape was printed 1.04858e+06 (six significant digits) once shapes allowed the
+    experts' fractional token average; whole numbers print in full, fractions to two decimals."""
+    argv = ["graph", "--model", "llama3-8b", "--seq-len", "131072", "--micro-batch", "8", "--format", "json"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    shapes = {op["op"]: op["shape"] for op in json.loads(out)["ops"]}
+    assert shapes["attn.qkv"] == "[1048576x4096]·[4096x6144]"
+    code, out, _ = run(["graph", "--model", "mixtral-8x7b", "--seq-len", "4095", "--format", "json"], capsys)
+    assert {op["op"]: op["shape"] for op in json.loads(out)["ops"]}["moe.experts.up"] == "8x[1023.75x4096]·[4096x28672]"
+
+
 def test_graph_table_columns_hold_long_sequences(capsys: pytest.CaptureFixture[str]) -> None:
     """At 131k tokens attn.core.bwd's GFLOP (22517998.14) was wider than its column and pushed the row out of
     line with the header: every number now ends under its header."""
@@ -276,16 +288,36 @@ def test_a_cluster_file_with_another_devices_table_is_noted(
         assert "note:" not in err
     else:
         assert note in err
-
-
-@pytest.mark.parametrize(("ep", "noted"), [("2", True), ("8", False)])
-def test_expert_imbalance_capped_at_ep_is_noted(capsys: pytest.CaptureFixture[str], ep: str, noted: bool) -> None:
-    """expert_imbalance 4 with ep 2 ran as 2 (the cap a sweep over ep relies on) without saying so."""
-    argv = ["simulate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--tp", "2", "--pp", "4"]
-    code, _, err = run([*argv, "--ep", ep, "--global-batch", "256", "--set", "plan.expert_imbalance=4"], capsys)
+    code, out, _ = run(["check", str(cluster)], capsys)  # check had called the other device's table "uncalibrated"
     assert code == 0
-    assert ("note: expert_imbalance 4 is more than ep 2 allows" in err) is noted
-    assert ("2 was used" in err) is noted
+    assert ("calibrated on another device: see the note" in out) is (note is not None)
+    assert "uncalibrated" not in out
+
+
+@pytest.mark.parametrize(
+    ("ep", "extra", "note"),
+    [
+        ("2", [], "capped by ep 2 (the busiest rank gets at most every routed token of its group): 2 was used"),
+        ("8", [], None),
+        ("8", ["--set", "model.moe.capacity_factor=1.25"], "capped by capacity_factor 1.25 (routing drops"),
+        ("2", ["--set", "model.moe.capacity_factor=1.25"], "and by capacity_factor 1.25 (routing drops the tokens"),
+    ],
+)
+def test_expert_imbalance_capped_is_noted(
+    capsys: pytest.CaptureFixture[str], ep: str, extra: list[str], note: str | None
+) -> None:
+    """expert_imbalance 4 with ep 2 ran as 2 (the cap a sweep over ep relies on) without saying so; under a
+    capacity factor the load used is that factor, which the note must say (it first named ep's cap only)."""
+    argv = ["simulate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100", "--gpus", "64", "--tp", "2", "--pp", "4"]
+    code, _, err = run([*argv, "--ep", ep, "--global-batch", "256", "--set", "plan.expert_imbalance=4", *extra], capsys)
+    assert code == 0
+    if note is None:
+        assert "expert_imbalance" not in err
+    else:
+        assert note in err
+        assert err.count("was used") == 1
+        if "capacity_factor" in note:
+            assert "1.25 was used" in err
 
 
 @pytest.mark.parametrize(("precision", "noted"), [("bf16", True), ("fp8", False)])

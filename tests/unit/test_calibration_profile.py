@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from simulator.calibration.profile import missing_shapes, model_shapes, probe_sh
 from simulator.calibration.rows import read_rows
 from simulator.errors import CalibrationError
 from simulator.graph.transformer import build_graph
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import ModelSpec, MoESpec
 
 TINY = ModelSpec(name="t", layers=2, hidden=64, heads=4, ffn_hidden=256, vocab=256, seq_len=32)
 
@@ -30,6 +31,17 @@ def test_shapes_cover_the_graph_with_its_flops() -> None:
     assert max(s.n for s in tp2 if s.op == "gemm.fwd" and s.k == 64) == 128  # column-parallel up: 256 / 2
     with pytest.raises(CalibrationError, match="divide"):
         model_shapes(TINY, tps=(3,))
+
+
+@pytest.mark.parametrize("seq", [32, 30])
+def test_moe_expert_shapes_are_whole_tokens(seq: int) -> None:
+    """The graph holds the experts' exact average tokens (30 tokens over 4 experts: 7.5 each); the profiler's
+    shapes had taken it as is, so every MoE profile failed in torch.randn on a float size (found by a review)."""
+    moe = replace(TINY, gated_mlp=True, activation="swiglu", moe=MoESpec(num_experts=4, top_k=1, expert_ffn_hidden=64))
+    experts = [s for s in model_shapes(moe, seq_len=seq) if s.kind == "gemm" and s.batch == 4]
+    assert experts
+    assert all(isinstance(v, int) for s in experts for v in (s.m, s.n, s.k))
+    assert {s.m for s in experts if s.op == "gemm.fwd"} == {-(-seq // 4)}  # 8 tokens each at 30, rounded up
 
 
 @pytest.mark.torch

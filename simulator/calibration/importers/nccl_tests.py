@@ -160,8 +160,9 @@ def import_nccl_tests(
 
 # The fastest rate any collective can show, in bytes of its message per second: NVLink 5 moves 900 GB/s per GPU and
 # direction (NVIDIA B200/GB200 datasheets, 1.8 TB/s bidirectional); an all-gather's algorithm bandwidth approaches
-# that, an all-reduce's half of it. Ten times the fabric is no measurement but a unit slip (nanoseconds read as
-# microseconds is a factor of 1,000).
+# that, an all-reduce's half of it. Ten times the fabric is no measurement but a unit slip: times in a larger unit
+# read as a smaller one (microseconds in a column read as nanoseconds are a factor of 1,000 too short). The
+# opposite slip makes times too long, which no bound can tell from a slow fabric.
 MAX_ALGBW_BYTES_PER_S = 1e13
 
 

@@ -32,7 +32,8 @@ not be read (``invalid``: a bad cell, named in the row's ``reason``; not counted
 without a measured time (``unmeasured``: predicted, left out of the error figures), breakdowns by
 cluster and by source, the mean Spearman rank correlation of predicted vs measured step time inside
 groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked; also
-source and precision, since one layout measured on two software releases is not a choice of layout), and
+source and precision, since one layout measured on two software releases is not a choice of layout; each group's
+own figure under ``spearman_by_group``), and
 which op classes ran on default (uncalibrated) curves in how many rows; each row lists its own under
 ``uncalibrated``.
 """
@@ -744,13 +745,18 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         group = (r["model"], r["cluster"], r["num_gpus"], r["global_batch"], r["source"], r["precision"])
         layout_groups.setdefault(group, []).append(r)
     rhos = []
-    for grp in layout_groups.values():
+    per_group = []
+    for group, grp in layout_groups.items():
         if len(grp) >= 3:
             rho = _spearman([r["predicted_step_time_s"] for r in grp], [r["measured_step_time_s"] for r in grp])
             if not math.isnan(rho):
                 rhos.append(rho)
+                # Each group's own figure, so that a poor mean can be traced to the layouts it ranks badly.
+                keys = ("model", "cluster", "num_gpus", "global_batch", "source", "precision")
+                per_group.append({**dict(zip(keys, group, strict=True)), "rows": len(grp), "spearman": rho})
     summary["spearman_groups"] = len(rhos)
     summary["mean_spearman"] = float(np.mean(rhos)) if rhos else math.nan
+    summary["spearman_by_group"] = per_group
     counts: dict[str, int] = {}
     for r in predicted:
         for label in r.get("uncalibrated", ()):

@@ -324,6 +324,12 @@ def test_spearman_does_not_rank_one_layout_measured_on_two_software_releases() -
     ]
     summary = validate_frame(pd.DataFrame(rows), "t.csv").summary
     assert summary["spearman_groups"] == 2
+    # Each group's own figure is listed (only the mean was), so a poor mean can be traced to its layouts.
+    by_group = {g["source"]: g for g in summary["spearman_by_group"]}
+    assert sorted(by_group) == ["release a", "release b"]
+    assert by_group["release a"]["rows"] == 3
+    assert by_group["release a"]["spearman"] == -by_group["release b"]["spearman"]
+    assert summary["mean_spearman"] == pytest.approx(sum(g["spearman"] for g in by_group.values()) / 2)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,8 @@ A run that really ran cannot have been out of memory. When a row *as stated* doe
 configuration must be incomplete (papers often omit memory savers that their framework turns on by
 default, such as NeMo's and Megatron-LM's distributed optimizer), so the validator relaxes it in a fixed,
 documented order, :data:`RESCUE_STEPS` (distributed optimizer, then sequence parallelism, then
-recomputation), takes the first that fits, and reports the row as *adjusted* with what changed. The
+recomputation), takes the first that fits, and reports the row as *adjusted* with what changed (``[stated, used]``;
+stated is null where the cell was empty and the default was tried first). The
 summary counts adjusted rows; ``strict=True`` turns this off and reports such rows as infeasible.
 
 A validation folder may also hold ``software_stacks.yaml``: per source, facts about how the runs were
@@ -541,6 +542,9 @@ def validate_frame(
                     ) from None
                 entry["stack"] = matching[0].name
             result, adjusted = simulate_row(model, cluster, plan, strict=strict)
+            for knob in adjusted:
+                if _cell(row, knob) is None and knob not in entry["stack_knobs"]:
+                    adjusted[knob][0] = None  # an empty cell, simulated at the default first: not a stated value
             predicted = result.step_time_s if result.feasible else math.nan
             entry.update(
                 adjusted=adjusted,
@@ -795,7 +799,9 @@ def format_report(report: ValidationReport, fmt: str) -> str:
             if overridden:
                 notes[-1] += " (overrides " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in overridden.items()) + ")"
         if r.get("adjusted"):
-            notes.append("adjusted to fit: " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in r["adjusted"].items()))
+            notes.append(
+                "adjusted to fit: " + ", ".join(f"{k} {_stated(a)}->{b}" for k, (a, b) in r["adjusted"].items())
+            )
         note = " | ".join(n for n in notes if n)
         meas = r["measured_step_time_s"]
         gpus = "?" if r["num_gpus"] is None else r["num_gpus"]
@@ -840,6 +846,11 @@ def format_report(report: ValidationReport, fmt: str) -> str:
                 + (f"  invalid {st['invalid']}" if st.get("invalid") else "")
             )
     return "\n".join(lines)
+
+
+def _stated(value: Any) -> str:
+    """A knob's stated value in an adjustment: ``empty`` where the cell was (the default was tried first)."""
+    return "empty" if value is None else str(value)
 
 
 def _one_line(text: str) -> str:

@@ -83,7 +83,9 @@ def row_table(rep: ValidationReport) -> list[str]:
         pred = r["predicted_step_time_s"]
         parts = [", ".join(f"{k}={fmt_knob(v)}" for k, v in r["chosen"].items())]
         if r.get("adjusted"):
-            parts.append("adjusted " + ", ".join(f"{k} {a}→{b}" for k, (a, b) in r["adjusted"].items()))
+            parts.append(
+                "adjusted " + ", ".join(f"{k} {'empty' if a is None else a}→{b}" for k, (a, b) in r["adjusted"].items())
+            )
         if r.get("stack"):
             parts.append(f"stack: {r['stack']}")
             overridden = stack_overrides(r)

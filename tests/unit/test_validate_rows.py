@@ -471,3 +471,17 @@ def test_a_repeated_run_id_is_bad_input(tmp_path: Path) -> None:
     path.write_text("\n".join([src[0], src[1], src[2], src[1]]) + "\n")
     with pytest.raises(SpecError, match="repeats run_id dev-0001"):
         validate_file(path)
+
+
+def test_an_empty_cell_raised_to_fit_is_not_reported_as_stated() -> None:
+    """A row with no zero_stage (the default 0 is tried first) that fits only at 1 read 'zero_stage 0->1', as if
+    0 had been stated (found by an acceptance audit): the stated value of an empty cell is null, 'empty' in text."""
+    big = {"model": "7B", "layers": 32, "hidden": 4096, "heads": 32, "ffn_hidden": 11008, "vocab": 32000}
+    rows = [_row(seq_len=2048, recompute="full", **big), _row(run_id="r2", zero_stage=0, recompute="full", **big)]
+    report = validate_frame(pd.DataFrame(rows), "t.csv")
+    empty, stated = report.rows
+    assert empty["adjusted"] == {"zero_stage": [None, 1]}
+    assert stated["adjusted"]["zero_stage"][0] == 0
+    table = format_report(report, "table")
+    assert "adjusted to fit: zero_stage empty->1" in table
+    assert "adjusted to fit: zero_stage 0->1" in table

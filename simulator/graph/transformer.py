@@ -439,8 +439,8 @@ def _mlp(prefix: str, model: ModelSpec, tokens: int, ffn: int, *, experts: int =
         # Memory ops and saved activations already cover all routed tokens, so only GEMMs change. The average
         # is kept exact (a fraction where the routed tokens do not divide evenly, 2048 x 8 over 384 experts say):
         # rounded down, the experts' model FLOPs lost up to 1.6% there, and counted 4x too many where fewer tokens
-        # than experts were rounded up to one each. A rank's share is rounded up where the layout shards it (so a
-        # rank still runs at least one token per expert it holds).
+        # than experts were rounded up to one each. A rank's share is rounded up where the layout shards it (with
+        # fewer tokens than experts, only that many experts run, one token each: parallel.program.shard_op).
         per = tokens / experts
         fwd = [_as_grouped(op, experts, per) for op in fwd]
         bwd = [_as_grouped(op, experts, per) for op in bwd]

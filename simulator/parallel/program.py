@@ -126,12 +126,15 @@ def shard_op(op: Op, layout: Layout, model_experts: int = 0, top_k: int = 1) -> 
             changes[axis] = getattr(op, axis) / div if exact else _ceil(int(getattr(op, axis)), div)
     if expert:
         # The experts' token count is an exact average (graph.transformer._mlp); the busiest rank's share is
-        # rounded up once, here, to the whole tokens its GEMMs run.
+        # rounded up once, here, to the whole tokens its GEMMs run. With fewer tokens than experts on the rank, only
+        # as many experts as there are tokens run, one token each (not every expert a token of its own).
         ep = layout.ep.size
         field = op.tok_axis
         base = float(changes.get(field, getattr(op, field)))  # type: ignore[arg-type]
-        changes[field] = whole_tokens(base * ep * expert_load(op, layout))
-        changes["batch"] = op.batch // ep
+        per_expert = base * ep * expert_load(op, layout)
+        experts = op.batch // ep
+        changes[field] = whole_tokens(per_expert)
+        changes["batch"] = experts if per_expert >= 1 else min(experts, whole_tokens(per_expert * experts))
     return op.with_(**changes)
 
 

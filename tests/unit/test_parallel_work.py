@@ -359,6 +359,12 @@ def test_routed_experts_count_every_routed_token_once(experts: int, seq: int, to
     (up,) = [s.work for s in fwd if getattr(s.work, "name", "") == "moe.experts.up"]
     assert up.m == math.ceil(seq * top_k / experts * 8)  # type: ignore[attr-defined]
     assert isinstance(up.m, int)  # type: ignore[attr-defined]
+    # Without expert parallelism a rank holds every expert: with fewer routed tokens than experts (16 over 64)
+    # only as many experts run as there are tokens, one each; it had run all 64, one token each (4x the work).
+    one = resolve_layout(moe, CLUSTER, _plan(dp=8, global_batch=8).with_(seq_len=seq))
+    (up,) = [s.work for s in build_programs(graph, one, (("layer.moe", 1),))[0] if s.work.name == "moe.experts.up"]
+    routed = seq * top_k
+    assert up.batch * up.m == (routed if routed < experts else experts * math.ceil(routed / experts))  # type: ignore[attr-defined]
 
 
 def test_moe_parallel_folding_spreads_whole_experts_over_tp_ranks() -> None:

@@ -207,7 +207,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"{plan.precision}, so {'it changes' if len(unused) == 1 else 'they change'} nothing",
             file=sys.stderr,
         )
-    if model.moe is not None and expert_load(result.plan, model) < result.plan.expert_imbalance:
+    used = expert_load(result.plan, model) if model.moe is not None else 1.0
+    if model.moe is not None and used < result.plan.expert_imbalance:
         caps = []
         if result.plan.expert_load < result.plan.expert_imbalance:
             caps.append(f"ep {result.plan.ep} (the busiest rank gets at most every routed token of its group)")
@@ -216,7 +217,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             caps.append(f"capacity_factor {cap:g} (routing drops the tokens past it)")
         print(
             f"note: expert_imbalance {result.plan.expert_imbalance:g} is capped by {' and by '.join(caps)}: "
-            f"{expert_load(result.plan, model):g} was used",
+            f"{used:g} was used",
             file=sys.stderr,
         )
     if args.trace is not None:

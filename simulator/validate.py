@@ -57,11 +57,10 @@ import pandas as pd
 
 from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.run import simulate
-from simulator.specs import library
 from simulator.specs._fields import Fields
 from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
-from simulator.specs.library import data_roots, load_cluster
+from simulator.specs.library import builtin_roots, data_roots, load_cluster
 from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import TRAINING_KNOBS, PlanSpec, read_knob
 from simulator.units import fmt_knob
@@ -73,6 +72,7 @@ __all__ = [
     "ValidationReport",
     "format_report",
     "stack_overrides",
+    "stated_text",
     "validate_file",
     "validate_frame",
 ]
@@ -160,8 +160,7 @@ def _stacks_label(chosen: Path | None, given: Path | None, csv_path: Path) -> st
     on where clustersim is installed (same inputs, same output bytes)."""
     if chosen is None:
         return None
-    package = library._PACKAGE  # the wheel's simulator/_data, or the source checkout it sits in (data_roots)
-    builtin = (package / "_data" / SHIPPED_STACKS, package.parent / SHIPPED_STACKS)
+    builtin = [root / SHIPPED_STACKS for root in builtin_roots()]
     if given is None and chosen != csv_path.parent / "software_stacks.yaml" and chosen in builtin:
         return f"clustersim's {SHIPPED_STACKS.as_posix()}"
     return str(chosen)  # as given, next to the CSV, or in a CLUSTERSIM_PATH folder
@@ -701,6 +700,19 @@ def _stats(errors: list[float]) -> dict[str, Any]:
     }
 
 
+def _group_figures(grp: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cluster's or source's figures: rows counts every row of the group, as at the top; scored those with an
+    error (predicted and measured), which the error figures are over."""
+    errors = [r["error"] for r in grp if r.get("feasible") and math.isfinite(r["error"])]
+    return {
+        **_stats(errors),
+        "rows": len(grp),
+        "scored": len(errors),
+        "infeasible": sum(1 for r in grp if not r.get("feasible") and not r.get("invalid")),
+        "invalid": sum(1 for r in grp if r.get("invalid")),
+    }
+
+
 def _spearman(pred: list[float], meas: list[float]) -> float:
     p = pd.Series(pred).rank().to_numpy()
     m = pd.Series(meas).rank().to_numpy()
@@ -732,17 +744,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         groups: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             groups.setdefault(str(r.get(key) or NOT_GIVEN), []).append(r)
-        summary[f"by_{key}"] = {
-            name: {
-                # rows: every row of the group, as at the top; scored: those with an error (predicted, measured)
-                **_stats([r["error"] for r in grp if r.get("feasible") and math.isfinite(r["error"])]),
-                "rows": len(grp),
-                "scored": sum(1 for r in grp if r.get("feasible") and math.isfinite(r["error"])),
-                "infeasible": sum(1 for r in grp if not r.get("feasible") and not r.get("invalid")),
-                "invalid": sum(1 for r in grp if r.get("invalid")),
-            }
-            for name, grp in sorted(groups.items())
-        }
+        summary[f"by_{key}"] = {name: _group_figures(grp) for name, grp in sorted(groups.items())}
     layout_groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in ok:
         # The same layout measured with two software releases (or precisions) is not a choice between layouts.
@@ -800,7 +802,7 @@ def format_report(report: ValidationReport, fmt: str) -> str:
                 notes[-1] += " (overrides " + ", ".join(f"{k} {a}->{b}" for k, (a, b) in overridden.items()) + ")"
         if r.get("adjusted"):
             notes.append(
-                "adjusted to fit: " + ", ".join(f"{k} {_stated(a)}->{b}" for k, (a, b) in r["adjusted"].items())
+                "adjusted to fit: " + ", ".join(f"{k} {stated_text(a)}->{b}" for k, (a, b) in r["adjusted"].items())
             )
         note = " | ".join(n for n in notes if n)
         meas = r["measured_step_time_s"]
@@ -848,7 +850,7 @@ def format_report(report: ValidationReport, fmt: str) -> str:
     return "\n".join(lines)
 
 
-def _stated(value: Any) -> str:
+def stated_text(value: Any) -> str:
     """A knob's stated value in an adjustment: ``empty`` where the cell was (the default was tried first)."""
     return "empty" if value is None else str(value)
 

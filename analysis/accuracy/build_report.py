@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from simulator.units import fmt_knob
-from simulator.validate import ValidationReport, stack_overrides, validate_file
+from simulator.validate import ValidationReport, stack_overrides, stated_text, validate_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FILES = (
@@ -83,9 +83,7 @@ def row_table(rep: ValidationReport) -> list[str]:
         pred = r["predicted_step_time_s"]
         parts = [", ".join(f"{k}={fmt_knob(v)}" for k, v in r["chosen"].items())]
         if r.get("adjusted"):
-            parts.append(
-                "adjusted " + ", ".join(f"{k} {'empty' if a is None else a}→{b}" for k, (a, b) in r["adjusted"].items())
-            )
+            parts.append("adjusted " + ", ".join(f"{k} {stated_text(a)}→{b}" for k, (a, b) in r["adjusted"].items()))
         if r.get("stack"):
             parts.append(f"stack: {r['stack']}")
             overridden = stack_overrides(r)

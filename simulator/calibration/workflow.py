@@ -15,6 +15,7 @@ import math
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -92,11 +93,7 @@ def fit_files(
     options: dict[str, Any] = {"min_bin_rows": 1, "generic_memory": "unclassified"} if own_profile(rows) else {}
     table = fit_table(rows, device, name=name, source=_source(rows), provenance=_provenance(rows), **options)
     residuals = holdout_errors(rows, device, holdout_every=holdout_every, **options) if holdout_every > 1 else {}
-    unfitted: dict[str, int] = {}
-    for r in rows:
-        why = unfitted_reason(r)
-        if why:
-            unfitted[why] = unfitted.get(why, 0) + 1
+    unfitted = Counter(why for r in rows if (why := unfitted_reason(r)))
     return FitResult(table, device, derived, tuple(rows), residuals, missing, tuple(sorted(unfitted.items())))
 
 

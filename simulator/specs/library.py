@@ -55,19 +55,22 @@ KINDS: dict[str, str] = {
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
+def builtin_roots() -> tuple[Path, ...]:
+    """The folders clustersim's own data ships in: the wheel's copy (pyproject.toml: force-include), else the source
+    checkout the package sits in, only where that is ours (its pyproject.toml), never another package's top-level
+    models/ folder in site-packages."""
+    source_tree = (_PACKAGE.parent,) if (_PACKAGE.parent / "pyproject.toml").is_file() else ()
+    return tuple(
+        root
+        for root in (_PACKAGE / "_data", *source_tree)
+        if (root / "models").is_dir() or (root / "hardware_profiles").is_dir()
+    )
+
+
 def data_roots() -> tuple[Path, ...]:
-    """Directories searched for built-in data, first match wins."""
-    roots: list[Path] = []
-    for entry in os.environ.get("CLUSTERSIM_PATH", "").split(os.pathsep):
-        if entry.strip():
-            roots.append(Path(entry).expanduser())
-    # The wheel's copy (pyproject.toml: force-include), else the source checkout the package sits in: only where
-    # that is ours (its pyproject.toml), never another package's top-level models/ folder in site-packages.
-    source_tree = _PACKAGE.parent if (_PACKAGE.parent / "pyproject.toml").is_file() else None
-    for candidate in (_PACKAGE / "_data", source_tree):
-        if candidate is not None and ((candidate / "models").is_dir() or (candidate / "hardware_profiles").is_dir()):
-            roots.append(candidate)
-    return tuple(roots)
+    """Directories searched for built-in data, first match wins: CLUSTERSIM_PATH's, then :func:`builtin_roots`."""
+    user = tuple(Path(e).expanduser() for e in os.environ.get("CLUSTERSIM_PATH", "").split(os.pathsep) if e.strip())
+    return user + builtin_roots()
 
 
 def list_names(kind: str) -> list[tuple[str, Path]]:

@@ -127,13 +127,14 @@ class CommModel:
         return None, 1.0, False
 
     def _domain_busbw(self, collective: str, ranks: int, size: float) -> float:
-        bw, scale, _, _ = self._domain_rate(collective, ranks, size)
+        bw, scale, _, _, _ = self._domain_rate(collective, ranks, size)
         return bw * scale
 
-    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float, float, bool]:
+    def _domain_rate(self, collective: str, ranks: int, size: float) -> tuple[float, float, float, bool, float]:
         """(bus bandwidth at ``size`` on the fabric the curve was measured on, the factor that scales only its
         *bandwidth* part to this cluster (another fabric's NVLink bandwidth, NVLS, a mesh's share of links), the
-        smallest message it measured (0 without a curve), whether it was measured on this cluster's fabric). The
+        smallest message it measured (0 without a curve), whether it was measured on this cluster's fabric, and the
+        curve's highest bus bandwidth: the fabric's rate once latency and protocol no longer show). The
         default curves are stated on a fabric of their sources' median NVLink bandwidth (fit.default_table)."""
         curve, scale, measured = self._domain_curve(collective, ranks)
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
@@ -146,8 +147,8 @@ class CommModel:
             scale *= links / max(self.cluster.nvlink_domain_gpus - 1, 1)
         if curve is None:
             bw = self.cluster.nvlink_bandwidth_bytes_per_s * NVLINK_FALLBACK_EFFICIENCY
-            return bw, scale, 0.0, measured
-        return curve.at(size), scale, 2.0 ** curve.log2_bytes[0], measured
+            return bw, scale, 0.0, measured, bw
+        return curve.at(size), scale, 2.0 ** curve.log2_bytes[0], measured, curve.peak_bytes_per_s
 
     def _network_busbw(self, per_domain: int) -> float:
         c = self.cluster
@@ -170,19 +171,28 @@ class CommModel:
 
     def _domain_time(self, collective: str, n: int, size: float) -> float:
         """Seconds for ``collective`` of ``size`` bytes over ``n`` ranks inside one NVLink domain."""
-        busbw, scale, smallest, measured = self._domain_rate(collective, n, size)
+        busbw, scale, smallest, measured, peak = self._domain_rate(collective, n, size)
         factor = bus_factor(collective, n)
         # Below the smallest message the curve measured, a collective takes as long as that message: small
         # ones are latency-bound (Vidur's 8-GPU DGX H100 all-reduce takes 20-38 us from 2 KiB to 90 KiB,
         # data/calibration/vidur/network/h100_dgx/all_reduce.csv), where a flat bandwidth would make a
         # 2 KiB one take 0.5 us.
         t = factor * max(size, smallest) / busbw
-        if scale != 1.0:
-            # NVLS, a mesh's share of links, a what-if fabric: what the curve takes beyond its smallest message's
-            # time (all latency, which NCCL's tuning model keeps apart from the bandwidth, src/graph/tuning.cc; NVLS
-            # runs the Simple protocol only, never for small messages) scales with the bandwidth, the latency stays.
+        if scale > 1.0:
+            # NVLS or a faster what-if fabric: what the curve takes beyond its smallest message's time (all latency,
+            # which NCCL's tuning model keeps apart from the bandwidth, src/graph/tuning.cc; NVLS runs the Simple
+            # protocol only, never for small messages) shrinks with the bandwidth, the latency stays. (Scaling only
+            # the transfer at the curve's top rate, as below, would make the time fall with the size where the
+            # measured bandwidth climbs steeply, 256 KiB to 1 MiB on DGX H100.)
             latency = factor * smallest / self._domain_rate(collective, n, smallest)[0] if smallest > 0 else 0.0
             t = latency + (t - latency) / scale
+        elif scale < 1.0:
+            # A mesh's share of links or a slower what-if fabric: the message's transfer at the fabric's full rate
+            # (the curve's highest bus bandwidth) takes 1/scale as long; the rest of the measured time, latency and
+            # protocol overheads, stays. Scaling all of the time beyond the smallest message had multiplied a latency
+            # step of the curve (a protocol switch near 200 KiB) by 1/scale too: a 2-rank all-reduce of 256 KiB
+            # on DGX V100's mesh took 186 us (found by a review of the communication model).
+            t += factor * size / peak * (1.0 / scale - 1.0)
         if not measured:
             # A default curve's small messages were measured on other fabrics: the cluster's own per-step NVLink
             # latency bounds the time from below (curves measured on this fabric carry their own).
@@ -193,14 +203,16 @@ class CommModel:
         n = group.size
         c = self.cluster
         k = group.per_domain
+        fewest = group.fewest_per_domain  # the domain with the fewest members paces what crosses the network
         lat = c.inter_node_latency_s
         if collective == "send_recv":
             return size / (c.nic_bandwidth_per_gpu_bytes_per_s * NETWORK_EFFICIENCY / c.oversubscription) + lat
         if collective == "all_to_all":
+            # The rank whose domain holds the fewest members sends the most over its NIC share.
             nv = (k - 1) / n * size / self._domain_busbw("all_to_all", max(k, 2), size) if k > 1 else 0.0
             net_bw = c.nic_bandwidth_per_gpu_bytes_per_s * NETWORK_EFFICIENCY / c.oversubscription
-            return max(nv, (n - k) / n * size / net_bw) + (n - 1) * lat
-        busbw = self._network_busbw(k)
+            return max(nv, (n - fewest) / n * size / net_bw) + (n - 1) * lat
+        busbw = self._network_busbw(fewest)
         if k > 1:
             busbw = min(busbw, self._domain_busbw(collective, k, size))
         return bus_factor(collective, n) * size / busbw + _network_latency(

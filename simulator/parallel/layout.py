@@ -10,6 +10,7 @@ slowest tier dominates (Design: Physics, Collectives).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from simulator.errors import InfeasiblePlanError
 from simulator.specs.hardware import ClusterSpec
@@ -34,7 +35,12 @@ MAX_PIPELINE_TASKS = 500_000
 class Group:
     """A communication group: ``size`` ranks, ``stride`` apart in the global rank order.
 
-    ``per_domain`` members share one NVLink domain; the group spans ``domains`` domains.
+    ``per_domain`` members share one NVLink domain; the group spans ``domains`` domains. Where the domains do not
+    hold equally many members (a 72-GPU NVL72 rack holds 9 of a stride-8 group of 64: eight racks of 9, 9, …, 9
+    and 1), ``fewest`` is the fewest members any domain of the group family holds (1 there), which bounds what
+    the group moves over the network: NCCL sets every rank's ring channels and bandwidth to the minimum over the
+    ranks (``src/init.cc``), so the rack with one member and its one NIC paces the whole ring. 0: as
+    ``per_domain``.
     """
 
     name: str
@@ -42,6 +48,12 @@ class Group:
     stride: int
     per_domain: int
     domains: int
+    fewest: int = 0
+
+    @property
+    def fewest_per_domain(self) -> int:
+        """The fewest members of the group (family) in one of its NVLink domains."""
+        return self.fewest or self.per_domain
 
     @property
     def crosses_network(self) -> bool:
@@ -74,13 +86,29 @@ def place(name: str, size: int, stride: int, cluster: ClusterSpec, offsets: int 
         return Group(name, 1, stride, 1, 1)
     if stride >= domain or domain % stride == 0:
         per_domain = 1 if stride >= domain else min(size, domain // stride)
-        return Group(name, size, stride, per_domain, -(-size // per_domain))
+        domains = -(-size // per_domain)
+        # Aligned: every domain but the last holds per_domain members, the last what is left.
+        return Group(name, size, stride, per_domain, domains, size - (domains - 1) * per_domain)
     # stride < domain: consecutive members are less than a domain apart, so the group covers every domain
     # from its first member's to its last one's; the family's last group starts latest.
     first = max((offsets or stride) - 1, 0)
     domains = (first % domain + (size - 1) * stride) // domain + 1
     per_domain = size if domains == 1 else max(1, min(size, domain // stride))
-    return Group(name, size, stride, per_domain, domains)
+    return Group(name, size, stride, per_domain, domains, _fewest_in_a_domain(size, stride, domain, offsets or stride))
+
+
+@lru_cache(maxsize=1024)
+def _fewest_in_a_domain(size: int, stride: int, domain: int, offsets: int) -> int:
+    """The fewest members that any group of the family (first ranks 0 … offsets − 1, ``size`` members ``stride``
+    apart) has in one of the NVLink domains (``domain`` consecutive ranks) it touches."""
+    fewest = size
+    for first in range(offsets):
+        last = first + (size - 1) * stride
+        for d in range(first // domain, last // domain + 1):
+            lo, hi = max(d * domain, first), min((d + 1) * domain - 1, last)
+            count = (hi - first) // stride - (lo - first + stride - 1) // stride + 1
+            fewest = min(fewest, count)
+    return max(fewest, 1)
 
 
 @dataclass(frozen=True, slots=True)

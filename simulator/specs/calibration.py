@@ -209,6 +209,11 @@ class BandwidthCurve:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_log_busbw", _logs(self.busbw_bytes_per_s))
 
+    @property
+    def peak_bytes_per_s(self) -> float:
+        """The highest bus bandwidth measured: the fabric's rate once latency and protocol no longer show."""
+        return max(self.busbw_bytes_per_s)
+
     def at(self, size_bytes: float) -> float:
         """Bus bandwidth (bytes/s) for a message of ``size_bytes``, interpolated in log bandwidth against log size
         (time stays monotone where the measured time is; see :meth:`EfficiencyCurve.at`)."""

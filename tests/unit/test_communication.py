@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from simulator.cost.communication import NETWORK_EFFICIENCY, NVLS_GAIN, CommModel
+from simulator.cost.communication import NETWORK_EFFICIENCY, NVLS_GAIN, CommModel, bus_factor
 from simulator.parallel.layout import place
 from simulator.parallel.program import Comm
 from simulator.specs.hardware import ClusterSpec
@@ -257,3 +257,44 @@ def test_a_mesh_of_one_gpu_per_node_is_timed_not_crashed(cluster: str) -> None:
     spec = load_cluster(cluster, {"gpus_per_node": 1})
     r = simulate(load_model("llama3-8b"), spec, PlanSpec(dp=2, global_batch=16, precision="fp16"))
     assert r.step_time_s > 0
+
+
+def test_a_slower_fabric_lengthens_the_bytes_not_a_latency_step() -> None:
+    """A mesh's share of links (or a slower what-if fabric) slows the transfer of the message's bytes, not the latency
+    and protocol overheads in the measured curve: the extra time over the NVSwitch reading grows in proportion to the
+    size. Found by a review of the communication model: the whole time beyond the smallest measured message was
+    scaled, so the curve's protocol step near 200 KiB was multiplied by 7 (a 2-rank all-reduce of 256 KiB on DGX V100's
+    hybrid cube mesh took 186 us, of 512 KiB 262 us)."""
+    mesh = load_cluster("dgx-v100")
+    switch = replace(mesh, nvlink_topology="switch")
+    kib = 1024.0
+
+    def extra(size: float) -> float:
+        return _seconds(mesh, "all_reduce", 2, size) - _seconds(switch, "all_reduce", 2, size)
+
+    assert _seconds(mesh, "all_reduce", 2, 256 * kib) < 100e-6
+    assert extra(512 * kib) / extra(256 * kib) == pytest.approx(2.0, rel=1e-6)
+    assert extra(2**24) / extra(256 * kib) == pytest.approx(64.0, rel=1e-6)
+    times = [_seconds(mesh, "all_reduce", 2, 2.0**e) for e in range(10, 33)]
+    assert all(b >= a for a, b in itertools.pairwise(times))
+
+
+def test_a_group_unevenly_spread_over_racks_is_paced_by_the_emptiest_rack() -> None:
+    """NCCL sets every rank's ring channels and bandwidth to the minimum over the ranks (src/init.cc), so a
+    data-parallel group strided 8 apart over 72-GPU NVL72 racks (nine members in each of seven racks, one in the
+    eighth) moves what crosses the network at the pace of that one member's NIC. The fullest rack's nine NICs had set
+    it: a 256 MiB all-reduce over 64 ranks ran at 404 GB/s of bus bandwidth instead of at most one NIC's ~48.
+    Found by a review of the communication model."""
+    nvl72 = load_cluster("gb200-nvl72")
+    group = place("dp", 64, 8, nvl72)
+    assert (group.per_domain, group.domains, group.fewest_per_domain) == (9, 8, 1)
+    assert place("dp", 16, 8, nvl72).fewest_per_domain == 7  # racks of 9 and 7
+    assert place("dp", 18, 8, nvl72).fewest_per_domain == 9  # two full racks
+    size = 256.0 * 2**20
+    seconds = _seconds(nvl72, "all_reduce", 64, size, stride=8)
+    one_nic = nvl72.nic_bandwidth_per_gpu_bytes_per_s
+    assert bus_factor("all_reduce", 64) * size / seconds <= one_nic
+    # On DGX nodes a power-of-two group tiles the nodes: unchanged.
+    h100 = load_cluster("dgx-h100")
+    assert place("dp", 64, 8, h100).fewest_per_domain == 1 == place("dp", 64, 8, h100).per_domain
+    assert place("dp", 32, 2, h100).fewest_per_domain == 4 == place("dp", 32, 2, h100).per_domain

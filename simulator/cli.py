@@ -101,6 +101,11 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
             "with --no-grad-accum-fusion: the gradient add first casts the 16-bit gradient to a copy in the "
             "buffer's dtype, a kernel of its own (DeepSpeed's BF16 optimizer)"
         ),
+        "--param-gather-at-step-start": (
+            "with --zero 1/2, overlapped reduction and no interleaving: every stage's first parameter bucket is "
+            "all-gathered with the step (Megatron-Core 0.8 and earlier, apex DistributedFusedAdam); default: when the "
+            "stage's first forward needs it (Megatron-Core 0.9 and later)"
+        ),
         "--fp8-param": (
             "in FP8 training keep the FP8 GEMMs' weights in FP8 only (Megatron-Core --fp8-param-gather): no "
             "16-bit copy beside Transformer Engine's cached FP8 one, and 1-byte parameter all-gathers"
@@ -240,7 +245,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             data["train"] = train  # null where the plan is infeasible
         print(json.dumps(_json_safe(data), indent=2, sort_keys=False))
     else:
-        table = _result_table(result, train)
+        table = _result_table(result, train, tokens)
         if what_if:
             head, _, rest = table.partition("\n")
             changed = ", ".join(f"{k}={_json_safe(v)}" for k, v in what_if.items())
@@ -253,10 +258,10 @@ _TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def _fmt_tokens(tokens: float) -> str:
-    """15e12 -> '15T', 2.5e9 -> '2.5B', 1234 -> '1,234'."""
+    """15e12 -> '15T', 2.5e9 -> '2.5B', 15e15 -> '15,000T', 999.99e9 -> '999.99B', 1234 -> '1,234'."""
     for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
         if tokens >= scale:
-            return f"{tokens / scale:,.4g}{suffix}"
+            return f"{tokens / scale:,.2f}".rstrip("0").rstrip(".") + suffix
     return f"{tokens:,.0f}"
 
 
@@ -274,6 +279,15 @@ def _token_count(text: str) -> float:
             f"--train-tokens {text!r}",
             "is not a token count",
             "give a positive number of tokens, e.g. 15e12 or 15T (suffixes K, M, B, T)",
+        )
+    from simulator.run import MAX_TRAIN_TOKENS
+
+    if value > MAX_TRAIN_TOKENS:
+        raise SpecError(
+            f"--train-tokens {text!r}",
+            f"is {_fmt_tokens(value)} tokens, more than the {_fmt_tokens(MAX_TRAIN_TOKENS)} this answers for "
+            "(the largest published pretraining runs are tens of T)",
+            "check the suffix: K, M, B and T are thousands, millions, billions and trillions of tokens",
         )
     return value
 
@@ -329,7 +343,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _result_table(r: Any, train: dict[str, float] | None = None) -> str:
+def _result_table(r: Any, train: dict[str, float] | None = None, tokens: float | None = None) -> str:
     p = r.plan
     lines = [
         f"{r.model} on {r.cluster}: {r.num_gpus} GPU{'' if r.num_gpus == 1 else 's'} "
@@ -344,19 +358,31 @@ def _result_table(r: Any, train: dict[str, float] | None = None) -> str:
             f"step time {fmt_seconds(r.step_time_s)}   tokens/s {r.tokens_per_s:,.0f}   "
             f"MFU {r.mfu * 100:.1f}%   HFU {r.hfu * 100:.1f}%"
         )
-        lines.append(f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {r.model_tflops_per_gpu:,.1f} model TFLOP/s")
+        basis = "fp16" if p.precision == "fp16" else "bf16"
+        peak = f", of the {basis} peak {r.model_tflops_per_gpu / r.mfu:,.0f} TFLOP/s" if r.mfu > 0 else ""
+        lines.append(
+            f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {r.model_tflops_per_gpu:,.1f} model TFLOP/s{peak}"
+            + (" (FP8 runs are also rated against the 16-bit peak)" if p.precision == "fp8" else "")
+        )
         if r.mfu > r.hfu:
             lines.append(
-                "(MFU above HFU: model FLOPs count attention at the full s² as Megatron-LM's formula does, while the "
-                "causal kernels skip the masked half)"
+                "(MFU above HFU: model FLOPs count attention at the full s², PaLM's convention and older "
+                "Megatron-LM's, while the causal kernels skip the masked half; current Megatron-LM and NeMo halve "
+                "causal attention, so their MFU for this step is lower)"
             )
         if train is not None:
             cost = "" if math.isnan(train["cost_usd"]) else f", {train['cost_usd']:,.0f} USD"
+            steps = f"{train['steps']:,.0f} step{'' if train['steps'] == 1 else 's'}"
+            days = train["days"]
+            hours = days * 24
+            span = fmt_seconds(hours * 3600) if hours < 1 else f"{hours:.1f} hours" if days < 1 else f"{days:,.1f} days"
             lines.append(
-                f"training on {_fmt_tokens(train['tokens'])} tokens: {train['steps']:,.0f} steps, "
-                f"{train['days']:,.1f} days on {r.num_gpus:,} GPUs, {train['gpu_hours']:,.0f} GPU-hours{cost} "
+                f"training on {_fmt_tokens(train['tokens'])} tokens: {steps}, "
+                f"{span} on {r.num_gpus:,} GPUs, {train['gpu_hours']:,.0f} GPU-hours{cost} "
                 "(no restarts, evaluation or checkpoints)"
             )
+    if tokens is not None and train is None:
+        lines.append(f"training on {_fmt_tokens(tokens)} tokens: no training time, the plan is infeasible")
     if r.chosen:
         lines.append("chosen: " + ", ".join(f"{k}={fmt_knob(v)}" for k, v in r.chosen.items()))
     block = "" if p.recompute_layers is None else f" recompute_layers={p.recompute_layers}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import math
+import numbers
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -60,6 +61,10 @@ BUCKET_PARAMS_PER_DP = 1_000_000
 # (at the 40M-parameter minimum bucket) reaches it; the largest of the validation files has 254. Beyond it the
 # buckets grow instead, so a mistyped size (vocab 1e30) still gives an answer instead of a list of 10^25 buckets.
 GRAD_BUCKETS_MAX = 100_000
+# The most tokens a time-to-train question may ask about: 10,000 T, several hundred times the largest pretraining
+# runs published (Llama 3: 15.6 T tokens, Dubey et al. 2024; Qwen3: 36 T, Qwen3 technical report 2025). Beyond it a
+# count is a typo or a unit slip (1e30 had printed a 3e23-step training).
+MAX_TRAIN_TOKENS = 1e16
 # A search bound, not physics: a free micro-batch is chosen among the divisors of the per-replica batch up to this
 # many sequences. Megatron-LM's and NeMo's published recipes use 1-16 (SC21's run_table_1.sh: 16 down to 1); beyond
 # it activations grow while GEMM efficiency has long since plateaued. A user who wants more states it.
@@ -129,9 +134,28 @@ class StepResult:
 
     def time_to_train(self, tokens: float) -> dict[str, float]:
         """Steps, days and GPU-hours to train on ``tokens`` tokens at this step time (whole steps of global batch ×
-        sequence length; no restarts, evaluation or checkpointing). NaN where the plan has no step time."""
+        sequence length; no restarts, evaluation or checkpointing). NaN where the plan is infeasible: a plan that
+        does not fit in memory has a step time (what it would take if it fitted), but no training time.
+
+        Raises
+        ------
+        SpecError
+            If ``tokens`` is not a number of tokens from 1 to :data:`MAX_TRAIN_TOKENS`.
+        """
+        if (
+            isinstance(tokens, bool)
+            or not isinstance(tokens, numbers.Real)
+            or not 1 <= float(tokens) <= MAX_TRAIN_TOKENS
+        ):
+            raise SpecError(
+                "time_to_train(tokens)",
+                f"must be a number of tokens from 1 to {MAX_TRAIN_TOKENS:.0e}, got {tokens!r}",
+                "give the token count as a number, e.g. 15e12",
+            )
+        tokens = float(tokens)
         per_step = self.plan.global_batch * (self.plan.seq_len or 0)
-        steps = math.ceil(tokens / per_step) if per_step > 0 and math.isfinite(self.step_time_s) else math.nan
+        timed = self.feasible and math.isfinite(self.step_time_s)
+        steps = math.ceil(tokens / per_step) if per_step > 0 and timed else math.nan
         seconds = steps * self.step_time_s
         return {
             "tokens": float(tokens),
@@ -914,6 +938,7 @@ def _pipeline_input(
         record=record,
         # Megatron-Core's schedules align the launch; its ZB-H1 and GPipe orders are not its own.
         align_grad_reduce=plan.align_grad_reduce and layout.schedule in ("1f1b", "interleaved"),
+        param_gather_at_step_start=plan.param_gather_at_step_start,
     )
     return pipe, hw_flops
 

@@ -104,6 +104,11 @@ class PipelineInput:
     # last backward (schedules.py, grad_sync_func). Off, every stage reduces bucket by bucket during the last
     # backward of each chunk (PyTorch DDP, Megatron before the option).
     align_grad_reduce: bool = False
+    # Without interleaving, under grad_overlap: whether each stage's first parameter bucket is dispatched with the
+    # step (Megatron-Core 0.8 and earlier, DistributedOptimizer.zero_grad; apex's DistributedFusedAdam) or, as
+    # Megatron-Core has done since 0.9, by the forward pre-hook of the stage's first forward, which then waits for
+    # it (finish_param_sync dispatches a bucket not yet dispatched). PlanSpec.param_gather_at_step_start.
+    param_gather_at_step_start: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +365,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             if not chained:
                 for c in range(min(2, len(gathers))):
                     gather_chunk(c, 0.0)
-            elif gathers[0]:
+            elif gathers[0] and inp.param_gather_at_step_start:
                 gather(0, 0, 0.0)  # the rest of the chain is dispatched as the forward reaches each bucket
             forwards = [task for task in st.order if task.kind == "F"]
             for k, task in enumerate(forwards):
@@ -417,6 +422,8 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 if first_forward.get(t.chunk) == forward_number:
                     pieces = gathers[t.chunk]
             if pieces:
+                if (t.chunk, 0) not in gathered:  # the first forward's pre-hook dispatches it (not at the step start)
+                    gather(t.chunk, 0, env.now)
                 yield from wait_for_gather(gathered[(t.chunk, 0)])
             start = segment = env.now
             if early is not None and res.output_s is not None:
@@ -549,6 +556,12 @@ def _first_bucket_s(st: StageInput) -> float:
     return st.param_gather_buckets[0][0] if st.param_gather_buckets and st.param_gather_buckets[0] else 0.0
 
 
+def _gathers_on_arrival(inp: PipelineInput) -> bool:
+    """Whether each stage dispatches its first parameter bucket only when its first forward starts (overlapped
+    gathers without interleaving, Megatron-Core 0.9 and later), not with the step."""
+    return inp.grad_overlap and inp.vp == 1 and not inp.param_gather_at_step_start
+
+
 def _final_backward_kind(order: tuple[Task, ...]) -> str:
     """The task kind that finishes a chunk's gradients: W where the schedule splits them off, else B."""
     return "W" if any(t.kind == "W" for t in order) else "B"
@@ -576,6 +589,8 @@ def _critical_path(inp: PipelineInput) -> float:
     # A task hands its output on at ready_s (before its end where detached data-parallel collectives trail it).
     for vs in range(p * v):
         chunk, s = divmod(vs, p)
+        if s > 0 and _gathers_on_arrival(inp):
+            t += _first_bucket_s(inp.stages[s])  # its first forward dispatches its first bucket, then waits for it
         res = inp.stages[s].fwd[chunk]
         if vs < p * v - 1:
             t += res.ready_s + inp.send_fwd_s[s]
@@ -621,7 +636,12 @@ def lower_bound(inp: PipelineInput) -> float:
             after += sum(sum(b) for b in st.dp_buckets) + st.param_gather_s
         elif last is not None and last.kind == _final_backward_kind(st.order) and st.dp_buckets[last.chunk]:
             after += st.dp_buckets[last.chunk][-1]  # released by the last task, reduced after it
-        first = max(fill, _first_bucket_s(st) if inp.grad_overlap else 0.0)  # earliest start of the first task
+        # The earliest start of the first task: after its input and its first parameter bucket, which is dispatched
+        # with the step or, without interleaving, when the input has arrived (PipelineInput.param_gather_at_step_start).
+        if _gathers_on_arrival(inp):
+            first = fill + _first_bucket_s(st)
+        else:
+            first = max(fill, _first_bucket_s(st) if inp.grad_overlap else 0.0)
         bound = max(bound, first + busy + after)
         if s > 0 and last is not None and last.kind == "B" and last.chunk == 0:
             handed = busy - (st.bwd[0].duration_s - st.bwd[0].ready_s)  # its gradient leaves before its end

@@ -30,6 +30,31 @@ NVLINK_TOPOLOGIES = ("switch", "mesh")
 # (pytorch/pytorch PR #110947, "Change ProcessGroupNCCL default timeout to 10 min"). A collective step slower than
 # that is aborted by the watchdog, so no cluster that trains can have it; anything above is a typo.
 MAX_LATENCY_S = 600.0
+# Plausible ranges of the figures a device or a cluster states, in the units of their files (key: (low, high, unit
+# in base units, unit name)). Outside them a figure is a unit slip or a typo, not hardware: a what-if of 1e-30
+# TFLOP/s had run a 3e33-second step, one of 1e-20 Gb/s NICs a 2e22-second one. The bounds are deliberately wide,
+# so that what-ifs stay free: 1 MFLOP/s is below even emulated arithmetic (PyTorch's FP8 GEMMs on this project's CI
+# CPU, which the calibration loop profiles, ran 65 MFLOP/s), 1 EFLOP/s 50 times GB200's 20 PFLOP/s of sparse FP4
+# (NVIDIA GB200 NVL72 datasheet); 1 MB/s to 1 PB/s brackets every memory, NVLink and NIC rate a hundredfold and more
+# (B200's HBM3e 7.7 TB/s, NVLink 5 900 GB/s per direction, ConnectX-8 800 Gb/s); 1 MiB to 1 PiB of memory (0.001 to
+# 1,000,000 GiB).
+PLAUSIBLE: dict[str, tuple[float, float, float, str]] = {
+    "peak_tflops": (1e-6, 1e6, TFLOP, "TFLOP/s"),
+    "hbm_gib": (1e-3, 1e6, GIB, "GiB"),
+    "hbm_bandwidth_gb_per_s": (1e-3, 1e6, GB, "GB/s"),
+    "nvlink_bandwidth_gb_per_s": (1e-3, 1e6, GB, "GB/s"),
+    "nic_bandwidth_gbit_per_s": (8e-3, 8e6, GBIT, "Gb/s"),
+}
+
+
+def _check_plausible(key: str, field: str, value: float, fix: str) -> None:
+    """``value`` (of the spec's ``field``, in base units) must lie in the :data:`PLAUSIBLE` range of ``key``."""
+    low, high, unit, label = PLAUSIBLE[key]
+    if not low * unit <= value <= high * unit:
+        raise SpecError(
+            field, f"is not a realistic figure: {value / unit:g} {label} is outside {low:g} to {high:g} {label}", fix
+        )
+
 
 # The keys of a device file and of a cluster file (Fields: a valid key is never suggested as a misspelling).
 _DEVICE_KEYS = (
@@ -107,6 +132,15 @@ class DeviceSpec:
                     "e.g. peak_flops=(('bf16', 989e12),)",
                 )
         check_ranges(self, {"sm_count": 0, "tdp_watts": 0.0, "price_per_gpu_hour_usd": 0.0})
+        for precision, flops in pairs:
+            _check_plausible("peak_tflops", f"peak_tflops_{precision}", flops, "give the dense peak in TFLOP/s")
+        _check_plausible("hbm_gib", "hbm_gib", self.hbm_bytes, "give the memory capacity in GiB (80 GB is 79.6 GiB)")
+        _check_plausible(
+            "hbm_bandwidth_gb_per_s",
+            "hbm_bandwidth_gb_per_s",
+            self.hbm_bandwidth_bytes_per_s,
+            "give the datasheet memory bandwidth in GB/s (3,350 for an H100 SXM)",
+        )
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; FP8 falls back to FP16/BF16 where the device has no FP8."""
@@ -143,22 +177,26 @@ class DeviceSpec:
                 peaks[p] = value
         if "bf16" not in peaks and "fp16" not in peaks:
             raise f.error("peak_tflops_bf16", "is required (or peak_tflops_fp16)", "add the dense BF16 peak")
-        spec = cls(
-            name=f.text("name"),
-            vendor=f.text("vendor", ""),
-            peak_flops=tuple(peaks.items()),
-            hbm_bytes=f.scaled("hbm_gib", f.number("hbm_gib", positive=True), GIB, "give the HBM capacity in GiB"),
-            hbm_bandwidth_bytes_per_s=f.scaled(
+        kwargs: dict[str, Any] = {
+            "name": f.text("name"),
+            "vendor": f.text("vendor", ""),
+            "peak_flops": tuple(peaks.items()),
+            "hbm_bytes": f.scaled("hbm_gib", f.number("hbm_gib", positive=True), GIB, "give the HBM capacity in GiB"),
+            "hbm_bandwidth_bytes_per_s": f.scaled(
                 "hbm_bandwidth_gb_per_s",
                 f.number("hbm_bandwidth_gb_per_s", positive=True),
                 GB,
                 "give the datasheet HBM bandwidth in GB/s",
             ),
-            sm_count=f.integer("sm_count", 0, minimum=0),
-            tdp_watts=f.number("tdp_watts", 0.0, minimum=0.0),
-            price_per_gpu_hour_usd=f.number("price_per_gpu_hour_usd", None, minimum=0.0),
-            source=f.text("source", ""),
-        )
+            "sm_count": f.integer("sm_count", 0, minimum=0),
+            "tdp_watts": f.number("tdp_watts", 0.0, minimum=0.0),
+            "price_per_gpu_hour_usd": f.number("price_per_gpu_hour_usd", None, minimum=0.0),
+            "source": f.text("source", ""),
+        }
+        try:
+            spec = cls(**kwargs)
+        except SpecError as err:
+            raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
         f.done(ignore=("sources", "description"))
         return spec
 
@@ -209,6 +247,18 @@ class ClusterSpec:
         check_ranges(self, {"gpus_per_node": 1, "nics_per_node": 1, "nvlink_domain_gpus": 0, "max_gpus": 1})
         check_ranges(self, {"oversubscription": 1.0}, "1 is a non-blocking fabric")
         check_ranges(self, {"intra_node_latency_s": 0.0, "inter_node_latency_s": 0.0})
+        _check_plausible(
+            "nvlink_bandwidth_gb_per_s",
+            "nvlink_bandwidth_bytes_per_s",
+            self.nvlink_bandwidth_bytes_per_s,
+            "give the NVLink bandwidth per GPU and direction in GB/s (450 for DGX H100)",
+        )
+        _check_plausible(
+            "nic_bandwidth_gbit_per_s",
+            "nic_bandwidth_bytes_per_s",
+            self.nic_bandwidth_bytes_per_s,
+            "give the line rate of one NIC in Gb/s (400 for ConnectX-7 NDR)",
+        )
         for name in ("intra_node_latency_s", "inter_node_latency_s"):
             if getattr(self, name) > MAX_LATENCY_S:
                 raise SpecError(

@@ -30,6 +30,17 @@ gradient reduction with pipeline parallelism: without interleaving only the firs
 backward and the others after theirs; with interleaving stage s launches a chunk's buckets together s backward
 passes after that chunk's last one (:class:`simulator.engine.pipeline.PipelineInput`). Off, every stage reduces
 bucket by bucket during the last backward of each chunk, as PyTorch DDP does.
+``param_gather_at_step_start`` (off by default) is when, without interleaving, a stage dispatches the all-gather of
+its first parameter bucket under a sharded optimizer with ``grad_overlap``. Off, as Megatron-Core does since its
+bucket groups (0.9, NeMo 24.09 on): nothing dispatches it before the stage's first forward, whose pre-hook starts it
+and waits for it (``finish_param_sync``: "If current bucket's param AG has not been dispatched, dispatch it now
+(e.g., first AG bucket in first model chunk if ddp_config.align_param_gather is False)"; Megatron-LM forces
+``align_param_gather`` off without interleaving), so each stage's first forward waits for a gather that starts when
+its input arrives, and later stages hold one bucket of their whole chunk. On, as Megatron-Core 0.8 and earlier did
+(``DistributedOptimizer.zero_grad``: "launch all-gather for first accessed bucket here before forward compute is
+initiated") and apex's ``DistributedFusedAdam`` (its first parameter sync overlaps the optimizer step, NVIDIA/apex
+PR #1621): every stage's first bucket is dispatched with the step, so the pipeline fill hides it on later stages.
+With interleaving the schedule dispatches the gathers itself (``align_param_gather``) and this knob does nothing.
 ``grad_accum_upcast_copy`` (off by default; only with ``grad_accum_fusion`` off) makes that separate accumulation
 two kernels, as DeepSpeed's ``BF16_Optimizer`` runs it after every micro-batch's backward
 (``deepspeed/runtime/bf16_optimizer.py``, ``update_hp_grads``: ``hp_grad.add_(lp.grad.to(hp_grad.dtype))``): a
@@ -103,6 +114,7 @@ _KNOB_READERS: dict[str, Any] = {
     "grad_accum_fusion": lambda f, key, default: f.boolean(key, default),
     "align_grad_reduce": lambda f, key, default: f.boolean(key, default),
     "grad_accum_upcast_copy": lambda f, key, default: f.boolean(key, default),
+    "param_gather_at_step_start": lambda f, key, default: f.boolean(key, default),
     "fp8_param": lambda f, key, default: f.boolean(key, default),
     "vocab_divisible_by": lambda f, key, default: f.integer(key, default, minimum=1),
     "layers_at_start_in_bf16": lambda f, key, default: f.integer(key, default, minimum=0),
@@ -185,6 +197,7 @@ class PlanSpec:
     grad_accum_fusion: bool = True
     align_grad_reduce: bool = True  # pipeline stages launch overlapped reductions as Megatron-Core does (docstring)
     grad_accum_upcast_copy: bool = False  # the separate accumulation casts to a copy first (module docstring)
+    param_gather_at_step_start: bool = False  # vp 1: first parameter bucket gathered with the step (docstring)
     fp8_param: bool = False  # FP8 GEMM weights kept in FP8 only (module docstring)
     vocab_divisible_by: int = 128  # the vocabulary is padded to a multiple of this times tp (module docstring)
     layers_at_start_in_bf16: int = 0  # FP8 runs: first decoder layers kept in BF16 (module docstring)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -481,3 +484,84 @@ def test_a_what_if_says_what_it_changed(capsys: pytest.CaptureFixture[str], tmp_
     assert out.splitlines()[1] == "what-if (--set): cluster.nic_bandwidth_gbit_per_s=400, device.hbm_gib=74"
     _, out, _ = run(base, capsys)
     assert "what-if" not in out
+
+
+def test_time_to_train_is_only_given_for_a_plan_that_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan that does not fit has a step time (what it would take if it fitted) but no training time: the JSON said
+    null while Python's time_to_train gave 99 days and the table dropped the line without a word. Counts far beyond
+    any training run (1e30 printed a 3e23-step training) and formatting slips ('1.5e+04T', '1 steps', '0.0 days') are
+    gone. Found by a capacity-planning review."""
+    code, out, _ = run([*LLAMA8, "--micro-batch", "64", "--train-tokens", "300B"], capsys)
+    assert code == 3
+    assert "training on 300B tokens: no training time, the plan is infeasible" in out
+    code, _, err = run([*LLAMA8, "--train-tokens", "1e30"], capsys)
+    assert code == 2
+    assert "more than the 10,000T" in err
+    code, _, err = run([*LLAMA8, "--train-tokens", "15000T"], capsys)
+    assert code == 2
+    code, out, _ = run([*LLAMA8, "--train-tokens", "262144"], capsys)  # one step of 64 × 4,096 tokens
+    assert code == 0
+    assert re.search(r"training on 262,144 tokens: 1 step, [0-9.]+ m?s on 64 GPUs", out)
+    from simulator.cli import _fmt_tokens
+
+    assert [_fmt_tokens(t) for t in (15e12, 15_000e12, 999.99e9, 2.5e9, 1234.0)] == [
+        "15T",
+        "15,000T",
+        "999.99B",
+        "2.5B",
+        "1,234",
+    ]
+
+
+def test_time_to_train_from_python_checks_its_argument_and_feasibility() -> None:
+    """Python's time_to_train: NaN for a plan that does not fit (its docstring's promise), a clear SpecError for a
+    count that is not one (it returned zeros for -1, raised OverflowError for inf and TypeError for '15T')."""
+    from simulator.errors import SpecError
+    from simulator.run import simulate
+    from simulator.specs import PlanSpec, load_cluster, load_model
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    small = replace(cluster, device=replace(cluster.device, hbm_bytes=5 * 2**30))
+    plan = PlanSpec(tp=8, dp=1, global_batch=8, micro_batch=1, recompute="none", grad_overlap=False, vp=1)
+    oom = simulate(model, small, plan)
+    assert not oom.feasible
+    assert math.isfinite(oom.step_time_s)
+    assert all(math.isnan(oom.time_to_train(1e12)[k]) for k in ("steps", "days", "gpu_hours"))
+    ok = simulate(model, cluster, plan)
+    assert ok.time_to_train(1e12)["steps"] == math.ceil(1e12 / (8 * 8192))
+    for bad in ("15T", -1, 0, math.inf, math.nan, True, 1e30):
+        with pytest.raises(SpecError, match="time_to_train"):
+            ok.time_to_train(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("what_if", "key"),
+    [
+        ("device.peak_tflops_bf16=1.0e-30", "peak_tflops_bf16"),
+        ("device.hbm_bandwidth_gb_per_s=1.0e-9", "hbm_bandwidth_gb_per_s"),
+        ("device.hbm_gib=1.0e+9", "hbm_gib"),
+        ("cluster.nic_bandwidth_gbit_per_s=1.0e-20", "nic_bandwidth_gbit_per_s"),
+        ("cluster.nvlink_bandwidth_gb_per_s=1.0e+12", "nvlink_bandwidth_gb_per_s"),
+    ],
+)
+def test_an_unrealistic_hardware_figure_is_bad_input(
+    what_if: str, key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A what-if of 1e-30 TFLOP/s had run a 3e33-second step (exit 0), NICs of 1e-20 Gb/s a 2e22-second one: a
+    figure far outside any hardware is a unit slip, answered as bad input naming the key (found by a
+    capacity-planning review)."""
+    code, _, err = run([*LLAMA8, "--set", what_if], capsys)
+    assert code == 2
+    assert key in err
+    assert "not a realistic figure" in err
+    assert "Traceback" not in err
+
+
+def test_the_mfu_line_says_what_peak_it_is_against(capsys: pytest.CaptureFixture[str]) -> None:
+    """MFU's denominator is the 16-bit peak, also for FP8 runs; the table says so, and the note on MFU above HFU no
+    longer claims the full-s² convention is current Megatron-LM's (it halves causal attention)."""
+    code, out, _ = run(LLAMA8, capsys)
+    assert code == 0
+    assert "of the bf16 peak 989 TFLOP/s" in out
+    code, out, _ = run([*LLAMA8, "--precision", "fp8"], capsys)
+    assert "FP8 runs are also rated against the 16-bit peak" in out

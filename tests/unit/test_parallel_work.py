@@ -1069,3 +1069,35 @@ def test_only_the_first_stages_first_chunk_is_bucketed() -> None:
     # Without overlap nothing is bucketed: one reduction per model chunk's buffer after the last backward.
     serial = simulate(wide, CLUSTER, plan.with_(grad_overlap=False), record=True)
     assert sum(row[0] == 0 and row[1] == "dp" and row[2].startswith("grad") for row in serial.timeline) == 2
+
+
+def test_without_interleaving_each_stage_gathers_its_first_bucket_when_its_first_forward_starts() -> None:
+    """Megatron-Core 0.9 and later dispatch a stage's first overlapped parameter all-gather from its first forward's
+    pre-hook (``finish_param_sync``; ``align_param_gather`` is forced off without interleaving), so on every stage the
+    gather starts when the first input has arrived and the forward waits for it; Megatron-Core 0.8 dispatched every
+    stage's first bucket with the step (``param_gather_at_step_start``), which the pipeline fill hides on later
+    stages. Found by a schedule review: the engine dispatched them all with the step."""
+    plan = _plan(dp=16, global_batch=64, zero_stage=1, pp=4, vp=1, grad_overlap=True)
+    model = replace(DENSE, layers=16)
+    lazy = simulate(model, CLUSTER, plan, record=True)
+    early = simulate(model, CLUSTER, plan.with_(param_gather_at_step_start=True), record=True)
+    assert lazy.feasible
+    assert early.feasible
+    assert lazy.step_time_s > early.step_time_s
+
+    def first_gather(r, stage: int) -> float:  # type: ignore[no-untyped-def]
+        return min(row[3] for row in r.timeline if row[0] == stage and row[2].startswith("param_bucket0."))
+
+    def first_forward(r, stage: int) -> float:  # type: ignore[no-untyped-def]
+        return min(row[3] for row in r.timeline if row[0] == stage and row[1] == "compute" and row[2].startswith("F0."))
+
+    for s in range(1, 4):
+        assert first_gather(early, s) == 0.0
+        assert first_gather(lazy, s) > 0.0
+        assert first_forward(lazy, s) >= first_gather(lazy, s)
+    # With interleaving the schedule dispatches the gathers itself (align_param_gather): the knob changes nothing.
+    inter = plan.with_(vp=2)
+    assert (
+        simulate(model, CLUSTER, inter).step_time_s
+        == simulate(model, CLUSTER, inter.with_(param_gather_at_step_start=True)).step_time_s
+    )

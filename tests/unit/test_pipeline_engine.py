@@ -159,13 +159,15 @@ def test_interleaved_parameter_buckets_are_dispatched_aligned_across_the_pipelin
     assert r.stages[1].dp_s == pytest.approx(simulate_pipeline(base).stages[1].dp_s)  # hidden behind the fill
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved"])
-def test_first_parameter_bucket_waits_on_stage_zero_only(schedule: str) -> None:
+@pytest.mark.parametrize(("schedule", "at_step_start"), [("1f1b", True), ("interleaved", False)])
+def test_first_parameter_bucket_waits_on_stage_zero_only(schedule: str, at_step_start: bool) -> None:
     """An overlapped ZeRO-1/2 parameter gather leaves its first bucket exposed before the first forward (Megatron-Core's
-    forward pre-hook waits for it). On stage 0 that is the whole bucket; the later stages wait for their first input
-    anyway (fill = 1 per stage here), so a bucket shorter than the fill costs them nothing, and the step grows by it."""
+    forward pre-hook waits for it). Where every stage's first bucket is dispatched with the step (interleaved:
+    align_param_gather; 1F1B: Megatron-Core 0.8 and earlier), only stage 0 waits for all of it; the later stages wait
+    for their first input anyway (fill = 1 per stage here), so a bucket shorter than the fill costs them nothing, and
+    the step grows by it."""
     v = 2 if schedule == "interleaved" else 1
-    base = _pipe(schedule, 4, 8, v, buckets=(0.5,), overlap=True)
+    base = replace(_pipe(schedule, 4, 8, v, buckets=(0.5,), overlap=True), param_gather_at_step_start=at_step_start)
     first = ((0.3,),) + ((),) * (v - 1)
     gathered = replace(base, stages=tuple(replace(st, param_gather_buckets=first) for st in base.stages))
     without = simulate_pipeline(base)
@@ -180,6 +182,29 @@ def test_first_parameter_bucket_waits_on_stage_zero_only(schedule: str) -> None:
     assert simulate_pipeline(blocking).step_time_s == pytest.approx(
         simulate_pipeline(replace(base, grad_overlap=False)).step_time_s
     )
+
+
+def test_first_parameter_bucket_is_dispatched_by_the_first_forward_without_interleaving() -> None:
+    """Megatron-Core 0.9 and later, without interleaving (align_param_gather forced off): nothing dispatches a stage's
+    first parameter bucket before its first forward, whose pre-hook starts the gather once the input has arrived and
+    waits for it (param_and_grad_buffer.finish_param_sync). Every stage then waits for its own gather one after
+    another along the fill: p times the bucket, not once as when the step dispatches them all (stage 0 only)."""
+    p, bucket = 4, 0.3
+    base = _pipe("1f1b", p, 8, 1, buckets=(0.5,), overlap=True)
+    gathered = replace(base, stages=tuple(replace(st, param_gather_buckets=((bucket,),)) for st in base.stages))
+    without = simulate_pipeline(base)
+    r = simulate_pipeline(replace(gathered, record=True))
+    assert r.step_time_s == pytest.approx(without.step_time_s + p * bucket)
+    assert [st.dp_s for st in r.stages] == pytest.approx([st.dp_s + bucket for st in without.stages])
+    for s in range(p):
+        start = next(row[3] for row in r.timeline if row[0] == s and row[2].startswith("param_bucket0."))
+        first_input = s * (1.0 + bucket)  # forward 1 s per stage (_pipe), each stage also waiting for its bucket
+        assert start == pytest.approx(first_input)
+    assert r.critical_path_s == pytest.approx(without.critical_path_s + p * bucket)
+    assert lower_bound(gathered) == pytest.approx(lower_bound(base) + p * bucket)
+    assert lower_bound(gathered) <= r.step_time_s + 1e-12
+    early = simulate_pipeline(replace(gathered, param_gather_at_step_start=True))
+    assert early.step_time_s == pytest.approx(without.step_time_s + bucket)
 
 
 def test_step_is_never_shorter_than_the_critical_path() -> None:
@@ -478,7 +503,7 @@ def test_a_parameter_bucket_pushed_back_by_nic_sharing_holds_back_the_forward_wa
     """Stage 1 gathers a 3 s parameter bucket while the first forward's activations (0.5 s) arrive over the same
     NICs: sharing them fairly, the transfer takes 1 s and the gather ends at 3.5 s, so stage 1's forward starts at
     3.5, not at the 3.0 planned when the gather was dispatched (the engine used to read the stale end), and the trace
-    shows the gather's end as it happened."""
+    shows the gather's end as it happened. (Gathers dispatched with the step, as Megatron-Core 0.8 did.)"""
     orders = generate("1f1b", 2, 1)
 
     def run(hop: bool) -> PipelineResult:
@@ -494,6 +519,7 @@ def test_a_parameter_bucket_pushed_back_by_nic_sharing_holds_back_the_forward_wa
             grad_overlap=True,
             hop_network=(hop, hop),
             record=True,
+            param_gather_at_step_start=True,
         )
         return simulate_pipeline(inp)
 

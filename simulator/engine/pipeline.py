@@ -365,7 +365,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             if not chained:
                 for c in range(min(2, len(gathers))):
                     gather_chunk(c, 0.0)
-            elif gathers[0] and inp.param_gather_at_step_start:
+            elif gathers[0] and not _gathers_on_arrival(inp):
                 gather(0, 0, 0.0)  # the rest of the chain is dispatched as the forward reaches each bucket
             forwards = [task for task in st.order if task.kind == "F"]
             for k, task in enumerate(forwards):

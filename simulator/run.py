@@ -1016,16 +1016,17 @@ def _param_gather_buckets(
     bucketed, and gathered, separately (as :func:`_grad_buckets` reduces them): the dense buckets, then the
     experts'."""
     dense, expert, fp8_dense, fp8_expert = chunk
-    counts = (_bucket_count(dense, bucket_params), _bucket_count(expert, bucket_params))
-    # One gather per buffer (the experts' only where there are experts), each of one bucket's share.
-    gathers = param_all_gathers(
-        dense / counts[0], expert / counts[1], layout, "step.bucket", (fp8_dense / counts[0], fp8_expert / counts[1])
-    )
     out: list[float] = []
-    for gather, n in zip(gathers, counts, strict=False):
-        t = comm.time(gather)  # 0 for an empty buffer or a group of one rank
-        if t > 0:
-            out += [t] * n
+    # Each buffer on its own, so that its gather (none over a group of one rank) goes with its own bucket count: with
+    # dp 1 and an expert-data-parallel group the experts' gather had been paired with the dense buffer's count.
+    for params, fp8, is_expert in ((dense, fp8_dense, False), (expert, fp8_expert, True)):
+        n = _bucket_count(params, bucket_params)
+        share = (0.0, params / n) if is_expert else (params / n, 0.0)
+        in_fp8 = (0.0, fp8 / n) if is_expert else (fp8 / n, 0.0)
+        for gather in param_all_gathers(*share, layout, "step.bucket", in_fp8):
+            t = comm.time(gather)  # 0 for an empty buffer or a group of one rank
+            if t > 0:
+                out += [t] * n
     return tuple(out)
 
 

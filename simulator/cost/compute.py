@@ -34,7 +34,7 @@ from simulator.specs.calibration import (
 )
 from simulator.specs.hardware import DeviceSpec
 
-__all__ = ["COST_CACHE_MAX", "FALLBACK_EFFICIENCY", "ComputeModel"]
+__all__ = ["COST_CACHE_MAX", "FALLBACK_EFFICIENCY", "GROUPED_GEMM_STREAMS", "ComputeModel"]
 
 # A bound on the per-shape cost cache (entries of about 300 bytes: some 60 MB). One plan times tens of distinct
 # shapes; a planner's sweep over thousands of distinct sequence lengths or batch sizes would otherwise keep every
@@ -66,6 +66,15 @@ FP8_OVER_16BIT_EFFICIENCY = 31.968 / 16.785 / 2.0
 # A numerical guard, not physics: no efficiency read off a curve is taken below this, so that a curve that reaches
 # zero (a user's table, an extrapolation) cannot turn into a division by zero or an infinite time.
 MIN_EFFICIENCY = 1e-4
+# The routed experts' grouped GEMM is one cuBLAS GEMM per local expert, issued round-robin on this many CUDA
+# streams: Transformer Engine's ``GroupedLinear`` calls ``general_grouped_gemm``, which runs
+# ``multi_stream_cublas_gemm`` (transformer_engine/common/gemm/cublaslt_gemm.cu) over
+# ``nvte_get_num_compute_streams()`` streams, 4 (transformer_engine/common/util/multi_stream.cpp). TE's CUTLASS
+# grouped kernel replaces it only for Hopper BF16 when NVTE_USE_CUTLASS_GROUPED_GEMM is set, which is not the
+# default. So at most this many expert GEMMs run at once: the experts are timed in waves, each wave as one GEMM of
+# its members' combined FLOPs (the streams fill the SMs one small GEMM leaves idle, and no better than a GEMM that
+# large would), not all of them as one GEMM of the total, which made small experts up to 4x too fast.
+GROUPED_GEMM_STREAMS = 4
 
 
 @dataclass
@@ -255,6 +264,11 @@ class ComputeModel:
         flops = op.flops
         if flops <= 0:
             return 0.0
+        if op.grouped and op.batch > GROUPED_GEMM_STREAMS:
+            waves, rest = divmod(op.batch, GROUPED_GEMM_STREAMS)
+            wave = self._time(op.with_(batch=GROUPED_GEMM_STREAMS, grouped=False), precision, cls)
+            last = self._time(op.with_(batch=rest, grouped=False), precision, cls) if rest else 0.0
+            return waves * wave + last
         peak = self.device.peak(precision)
         classes = self._candidates(cls)
         curve, calibrated, found = self._lookup(classes, precision)

@@ -70,6 +70,10 @@ class Op:
     fp8_layer : bool
         Whether the op's block runs in FP8 when the model trains in FP8: False in the decoder layers the plan
         keeps in BF16 (``layers_at_start_in_bf16``, ``layers_at_end_in_bf16``).
+    grouped : bool
+        GEMM only: the ``batch`` products are a grouped GEMM of routed experts, one GEMM per expert launched on a
+        few streams (Transformer Engine's ``GroupedLinear``), not one batched kernel (unfused attention's
+        ``baddbmm``); :class:`simulator.cost.compute.ComputeModel` times them in waves.
     """
 
     name: str
@@ -97,6 +101,7 @@ class Op:
     bwd_factor: float = 1.0  # attention: backward FLOPs relative to forward (hardware count)
     kernel: str = ""
     fp8_layer: bool = True
+    grouped: bool = False
 
     # -- derived quantities ---------------------------------------------------------------------------
     @property
@@ -152,6 +157,7 @@ class Op:
             self.causal and self.causal_skip,
             self.bwd_factor if self.kind == "attention" else 1.0,
             self.kernel,
+            self.grouped,
             self.read_bytes,
             self.write_bytes,
         )

@@ -452,7 +452,7 @@ def _as_grouped(op: Op, experts: int, per_expert_tokens: float) -> Op:
     if op.kind != "gemm":
         return op
     token_field = "m" if op.tok_axis == "m" else "k"
-    return op.with_(batch=experts, params=op.params * experts, **{token_field: per_expert_tokens})
+    return op.with_(batch=experts, params=op.params * experts, grouped=True, **{token_field: per_expert_tokens})
 
 
 def _layer(model: ModelSpec, b: int, s: int, kernel: str, moe: bool) -> tuple[list[Op], list[Op]]:

@@ -586,8 +586,24 @@ def _tp_comms(layout: Layout, hidden: int, tag: str) -> tuple[Comm | None, Comm 
 
 
 # Where each TP region starts and ends, by forward op name.
-_REGION_START = {"attn.qkv": "attn", "mlp.up": "mlp", "moe.router": "mlp", "head.logits": "head"}
-_REGION_END = {"attn.out": "attn", "mlp.down": "mlp", "moe.unpermute": "mlp", "embedding.lookup": "embedding"}
+# Shared experts are a TP-split MLP of their own (Megatron-Core ``SharedExpertMLP``: Transformer Engine column- and
+# row-parallel linears on the sequence-split input): their all-gather and reduce-scatter come on top of the routed
+# part's, which the token dispatcher issues (the all-gather dispatcher: ``gather_from_sequence_parallel_region`` of
+# the hidden states after the router, ``reduce_scatter_to_sequence_parallel_region`` after the un-permutation).
+_REGION_START = {
+    "attn.qkv": "attn",
+    "mlp.up": "mlp",
+    "moe.router": "mlp",
+    "moe.shared.up": "shared",
+    "head.logits": "head",
+}
+_REGION_END = {
+    "attn.out": "attn",
+    "mlp.down": "mlp",
+    "moe.unpermute": "mlp",
+    "moe.shared.down": "shared",
+    "embedding.lookup": "embedding",
+}
 
 
 def _without(table: dict[str, str], name: str, add: dict[str, str] | None = None) -> dict[str, str]:
@@ -595,16 +611,15 @@ def _without(table: dict[str, str], name: str, add: dict[str, str] | None = None
     return {**{k: v for k, v in table.items() if k != name}, **(add or {})}
 
 
-# With folded experts the routed part of the MoE block (router to un-permutation) has no TP collective; shared
-# experts stay a TP-split MLP of their own, gathered before their up-projection.
-_FOLDED_REGION_START = _without(_REGION_START, "moe.router", {"moe.shared.up": "mlp"})
+# With folded experts (or the all-to-all dispatcher) the routed part of the MoE block (router to un-permutation) has
+# no TP collective of its own; shared experts keep theirs.
+_FOLDED_REGION_START = _without(_REGION_START, "moe.router")
 _FOLDED_REGION_END = _without(_REGION_END, "moe.unpermute")
 
 
 def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph: ModelGraph) -> None:
     h = graph.model.hidden
     fwd_overlap = 2 if layout.tp_overlap else 1
-    shared_after_unpermute = any(op.name.startswith("moe.shared") for op in ops)
     gathered = _gathers_after_dispatch(layout)
     local = _dispatches_own_shard(layout)
     starts, ends = (_FOLDED_REGION_START, _FOLDED_REGION_END) if local else (_REGION_START, _REGION_END)
@@ -629,10 +644,6 @@ def _emit_forward(b: _Builder, block: str, ops: list[Op], layout: Layout, graph:
                 b.comm(_expert_tp_comm(layout, graph, f"{block}.combine", "reduce_scatter"))
             b.comm(_a2a(layout, graph, f"{block}.combine"))
         end = ends.get(op.name)
-        if end is not None and op.name == "moe.unpermute" and shared_after_unpermute:
-            end = None  # the shared experts close the region
-        if op.name == "moe.shared.down":
-            end = "mlp"
         closing: list[Comm] = []
         if end is not None:
             _, rs, ar = _tp_comms(layout, h, f"{block}.{end}")
@@ -919,7 +930,7 @@ _BWD_REGION_START = {
     "attn.out.dgrad": "attn",
     "mlp.down.dgrad": "mlp",
     "moe.unpermute.bwd": "mlp",
-    "moe.shared.down.dgrad": "mlp",
+    "moe.shared.down.dgrad": "shared",
     "head.cross_entropy.bwd": "head",
     "embedding.lookup.bwd": "embedding",
 }
@@ -927,16 +938,18 @@ _BWD_REGION_END = {
     "attn.qkv.dgrad": "attn",
     "mlp.up.dgrad": "mlp",
     "moe.router.dgrad": "mlp",
+    "moe.shared.up.dgrad": "shared",
     "head.logits.dgrad": "head",
 }
 # Activation-gradient GEMMs whose weight-gradient partner needs the sequence-split input gathered again
-# (Megatron-LM issues that all-gather before the dgrad GEMM so that the two overlap).
-_DGRAD_WITH_INPUT_GATHER = {"attn.qkv.dgrad", "mlp.up.dgrad", "head.logits.dgrad", "moe.router.dgrad"}
-# Folded experts: the routed part's backward has no TP collective either; the shared experts' ends at their
-# up-projection's activation gradient.
+# (Megatron-LM issues that all-gather before the dgrad GEMM so that the two overlap). Not the MoE router: it runs
+# on the sequence-split hidden states before the token dispatcher gathers them (Megatron-Core ``MoELayer.forward``),
+# so its weight gradient needs no gathered input (its replicated weight's gradient is all-reduced over TP with the
+# other sequence-parallel parameters at the end of the step).
+_DGRAD_WITH_INPUT_GATHER = {"attn.qkv.dgrad", "mlp.up.dgrad", "head.logits.dgrad", "moe.shared.up.dgrad"}
+# Folded experts (or the all-to-all dispatcher): the routed part's backward has no TP collective either.
 _FOLDED_BWD_REGION_START = _without(_BWD_REGION_START, "moe.unpermute.bwd")
-_FOLDED_BWD_REGION_END = _without(_BWD_REGION_END, "moe.router.dgrad", {"moe.shared.up.dgrad": "mlp"})
-_FOLDED_DGRAD_WITH_INPUT_GATHER = _DGRAD_WITH_INPUT_GATHER - {"moe.router.dgrad"}
+_FOLDED_BWD_REGION_END = _without(_BWD_REGION_END, "moe.router.dgrad")
 
 
 def _emit_backward(
@@ -945,11 +958,12 @@ def _emit_backward(
     h = graph.model.hidden
     started: set[str] = set()
     gathered = _gathers_after_dispatch(layout)
-    starts, ends, gathers = (
-        (_FOLDED_BWD_REGION_START, _FOLDED_BWD_REGION_END, _FOLDED_DGRAD_WITH_INPUT_GATHER)
+    starts, ends = (
+        (_FOLDED_BWD_REGION_START, _FOLDED_BWD_REGION_END)
         if _dispatches_own_shard(layout)
-        else (_BWD_REGION_START, _BWD_REGION_END, _DGRAD_WITH_INPUT_GATHER)
+        else (_BWD_REGION_START, _BWD_REGION_END)
     )
+    gathers = _DGRAD_WITH_INPUT_GATHER
     for op in ops:
         region = starts.get(op.name)
         if region is not None and region not in started:

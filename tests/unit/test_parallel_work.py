@@ -26,6 +26,7 @@ from simulator.parallel.program import (
     is_expert_gemm,
     local_act_bytes,
     local_params,
+    param_all_gathers,
 )
 from simulator.run import simulate
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
@@ -1101,3 +1102,77 @@ def test_without_interleaving_each_stage_gathers_its_first_bucket_when_its_first
         simulate(model, CLUSTER, inter).step_time_s
         == simulate(model, CLUSTER, inter.with_(param_gather_at_step_start=True)).step_time_s
     )
+
+
+def test_grouped_expert_gemms_run_in_waves_of_transformer_engines_streams() -> None:
+    """Transformer Engine's grouped expert GEMM is one cuBLAS GEMM per local expert on 4 streams
+    (``multi_stream_cublas_gemm``), not one GEMM of all the experts' FLOPs: 16 small experts take four waves, each as
+    long as one GEMM of 4 experts' FLOPs. Found by an MoE review: they were timed as one GEMM of 16 experts' FLOPs,
+    up to 4x too fast for fine-grained experts (Qwen3-30B-A3B: 128 experts of 768)."""
+    from simulator.cost.compute import GROUPED_GEMM_STREAMS
+
+    h100 = load_cluster("dgx-h100")
+    compute = ComputeModel(h100.device, h100.calibration, load_calibration("default"), "bf16")
+    shape = {"name": "moe.experts.up", "kind": "gemm", "m": 2048, "n": 1536, "k": 2048}
+    grouped = compute.time(Op(**shape, batch=16, grouped=True))  # type: ignore[arg-type]
+    wave = compute.time(Op(**shape, batch=GROUPED_GEMM_STREAMS))  # type: ignore[arg-type]
+    one_big = compute.time(Op(**shape, batch=16))  # type: ignore[arg-type]
+    one_by_one = 16 * compute.time(Op(**shape))  # type: ignore[arg-type]
+    assert GROUPED_GEMM_STREAMS == 4
+    assert grouped == pytest.approx(4 * wave)
+    assert one_big < grouped < one_by_one
+    # An uneven last wave: 6 experts are one wave of 4 and one of 2.
+    six = compute.time(Op(**shape, batch=6, grouped=True))  # type: ignore[arg-type]
+    assert six == pytest.approx(wave + compute.time(Op(**shape, batch=2)))  # type: ignore[arg-type]
+    # Up to 4 experts run at once: one wave, timed like the batched GEMM it stands for.
+    assert compute.time(Op(**shape, batch=3, grouped=True)) == compute.time(Op(**shape, batch=3))  # type: ignore[arg-type]
+    # The graph marks the routed experts' GEMMs as grouped, and nothing else.
+    graph = build_graph(MOE, 1024, 1)
+    gemms = [op for block in graph.blocks for op in (*block.forward, *block.backward) if op.kind == "gemm"]
+    assert {op.name.split(".")[2] for op in gemms if op.grouped} == {"up", "down"}
+    assert all(op.grouped == op.name.startswith("moe.experts") for op in gemms)
+
+
+def test_the_moe_router_needs_no_gathered_input_for_its_weight_gradient() -> None:
+    """Megatron-Core's router runs on the sequence-split hidden states before the token dispatcher gathers them; its
+    weight gradient needs no TP all-gather of its input, as the column-parallel linears' does. Found by an MoE
+    review: every MoE layer's backward gathered the whole hidden states once more (2.4% of a Mixtral step)."""
+    comms = _comms(MOE, _plan(tp=2, dp=2, global_batch=8))
+    gathers = [c.name for c in comms if c.kind == "tp" and c.collective == "all_gather"]
+    assert not any("router" in name for name in gathers)
+    assert any("attn.qkv.dgrad.input" in name for name in gathers)  # the linears' re-gather is still there
+
+
+@pytest.mark.parametrize(("tp", "dp", "ep"), [(2, 2, 1), (2, 4, 2), (2, 2, 4)])
+def test_shared_experts_are_a_tensor_parallel_mlp_of_their_own(tp: int, dp: int, ep: int) -> None:
+    """Megatron-Core's ``SharedExpertMLP`` is a column- and row-parallel MLP on the sequence-split input: it gathers
+    and reduce-scatters in both passes, besides the routed tokens' own collectives, and gathers its input again for
+    its weight gradient. Found by an MoE review: without expert parallelism the routed part and the shared experts
+    shared one all-gather and one reduce-scatter, and with it the shared up-projection's input was not re-gathered."""
+    shared = replace(
+        MOE,
+        moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden=2048, shared_experts=1, shared_expert_ffn_hidden=1024),
+    )
+    plan = _plan(tp=tp, dp=dp, ep=ep, global_batch=8)
+    names = [c.name for c in _comms(shared, plan) if c.kind == "tp"]
+    plain = [c.name for c in _comms(MOE, plan) if c.kind == "tp"]
+    added = Counter(names) - Counter(plain)
+    # Per MoE layer (two here): forward all-gather and reduce-scatter, backward all-gather of the output gradient,
+    # re-gather of the input and reduce-scatter of the input gradient.
+    assert sum(added.values()) == 2 * 5
+    assert sum(n for name, n in added.items() if "moe.shared.up.dgrad.input" in name) == 2
+
+
+def test_expert_parameter_gather_keeps_its_own_bucket_count_without_dense_data_parallelism() -> None:
+    """With dp 1 and an expert-data-parallel group (tp 4, ep 2, expert_tp 1: edp 2) only the experts' buffer is
+    gathered after the optimizer step, in as many buckets as that buffer has. Found by an MoE review: the experts'
+    gather was paired with the dense buffer's bucket count (3 buckets of 40M for 2,000M parameters, not 50)."""
+    from simulator.run import _bucket_count, _param_gather_buckets
+
+    layout = resolve_layout(MOE, CLUSTER, _plan(tp=4, ep=2, expert_tp=1, zero_stage=1).with_(seq_len=1024))
+    assert (layout.dp.size, layout.edp.size) == (1, 2)
+    comm = CommModel(CLUSTER, None, load_calibration("default"))
+    buckets = _param_gather_buckets(layout, comm, (100e6, 2000e6, 0.0, 0.0), 40e6)
+    assert len(buckets) == _bucket_count(2000e6, 40e6) == 50
+    (whole,) = param_all_gathers(0.0, 2000e6, layout, "x")
+    assert sum(buckets) == pytest.approx(comm.time(whole), rel=0.05)  # per-bucket latency aside

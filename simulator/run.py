@@ -881,7 +881,7 @@ def _pipeline_input(
             params.append(stage_params(graph, layout, (chunk,)))
             dense, expert, _, _ = params[-1]
             bucket_sizes.append(_chunk_bucket_params(layout, s, chunk.chunk, bucket_params))
-            buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_sizes[-1]) if zero < 3 else ())
+            buckets.append(_grad_buckets(dense, expert, layout, comm, grad_b, bucket_sizes[-1]) if zero < 2 else ())
         local_dense, local_expert, fp8_dense, fp8_expert = (sum(p[i] for p in params) for i in range(4))
         local_params = local_dense + local_expert
         # Optimizer step on this rank's shard (ZeRO-1 and up shard the optimizer of dense parameters over dp and

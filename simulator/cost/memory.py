@@ -221,9 +221,9 @@ def stage_memory(
     if any(name == "head" for c in chunks for name, _ in c.blocks):
         tokens = layout.micro_batch * layout.seq_len / layout.cp.size
         buffers += 2.0 * tokens * graph.model.vocab / layout.tp.size  # 16-bit logits before the fp32 loss
-    if zero >= 3 and (dp > 1 or edp > 1):
-        # Only what is sharded is gathered: dense parameters over dp, the routed experts' over edp (with ep = dp·cp
-        # every rank keeps its experts whole).
+    if zero >= 2 and (dp > 1 or edp > 1):
+        # Only what is sharded is gathered or scattered: dense parameters over dp, the routed experts' over edp (with
+        # ep = dp·cp every rank keeps its experts whole).
         largest = 0.0
         for chunk in chunks:
             for name, _ in chunk.blocks:
@@ -232,7 +232,12 @@ def stage_memory(
                     if edp > 1 if is_expert_gemm(op) else dp > 1:
                         gathered += local_params(op, layout)
                 largest = max(largest, gathered)
-        buffers += 2 * 2.0 * largest  # current and prefetched layer, gathered in 16-bit
+        # A block's whole fresh gradient exists until its reduce-scatter has run (PyTorch FSDP and Megatron-FSDP
+        # reduce-scatter a whole unsharded gradient; DeepSpeed ZeRO-2 its reduce buckets): one block's, a floor,
+        # as the scatter runs while the next block's backward produces more.
+        buffers += plan.grad_bytes * largest
+        if zero >= 3:
+            buffers += 2 * 2.0 * largest  # current and prefetched layer, gathered in 16-bit
     if upcasts_gradients(layout):
         # The separate accumulation's cast copy of one parameter's gradient at a time (PlanSpec docstring): the
         # largest operator's parameters, a bound on its largest tensor (an embedding operator holds two).

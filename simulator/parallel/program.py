@@ -28,7 +28,8 @@ durations. Collective placement follows Megatron-LM:
 * ZeRO-3 / FSDP (Rajbhandari et al. 2020; Zhao et al. 2023): each layer's parameters are all-gathered
   before its forward (prefetched during the previous layer) and again before its backward; its gradients
   are reduce-scattered after its backward, asynchronously. Routed experts' parameters use the
-  expert-data-parallel group.
+  expert-data-parallel group. ZeRO-2 reduce-scatters the gradients the same way (every micro-batch, layer by
+  layer), with the parameters whole.
 """
 
 from __future__ import annotations
@@ -407,13 +408,13 @@ def program_key(layout: Layout) -> tuple[object, ...]:
     sweep over those rebuilt every program (1.4x slower per call). ``tests/unit/test_api_defects.py`` builds
     programs for layouts with equal keys and checks they are equal."""
     plan = layout.plan
-    zero3 = plan.zero_stage == 3
+    scatters = plan.zero_stage >= 2  # the gradient reduce-scatters in the backward run over dp and edp
     return (
         layout.tp,
         layout.cp,
         layout.ep,
-        layout.dp if zero3 else layout.dp.size > 1,
-        layout.edp if zero3 else None,
+        layout.dp if scatters else layout.dp.size > 1,
+        layout.edp if scatters else None,
         layout.pp.size,
         layout.etp,
         layout.sequence_parallel,
@@ -452,6 +453,12 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
     # ZeRO-3 shards whatever has a group to shard over: the dense parameters over dp, the routed experts over edp
     # (tp 4 · ep 2 with expert_tp 1 has dp 1 but edp 2: its experts are still gathered and scattered).
     zero3 = layout.plan.zero_stage == 3 and (layout.dp.size > 1 or layout.edp.size > 1)
+    # ZeRO-2 and ZeRO-3 keep only their shard of the gradients, so each micro-batch's fresh gradients are
+    # reduce-scattered in its backward, layer by layer, as they are produced: gradients cannot accumulate over
+    # micro-batches in a shard ("For zero stage 2 (and 3), gradient reduction is required after every backward
+    # because of gradient partitioning", DeepSpeed maintainers, deepspeedai/DeepSpeed#2252; PyTorch FSDP's
+    # SHARD_GRAD_OP likewise reduce-scatters in every backward outside no_sync).
+    scatters = layout.plan.zero_stage >= 2 and (layout.dp.size > 1 or layout.edp.size > 1)
     moe = graph.model.moe
     experts = moe.num_experts if moe is not None else 0
     top_k = moe.top_k if moe is not None else 1
@@ -484,7 +491,7 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
         if _accumulates_separately(layout):
             for accumulate in _grad_accumulate(f_ops, layout, name):
                 (wgt if split_w else bwd).compute(accumulate)
-        if zero3:
+        if scatters:
             for comm in _grad_scatters(f_ops, layout, name):
                 (wgt if split_w else bwd).comm(comm, stream="dp", join=0)
     return fwd.finish(), bwd.finish(), wgt.finish()
@@ -534,8 +541,9 @@ def _grad_scatters(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
 
 def _accumulates_separately(layout: Layout) -> bool:
     """Whether each micro-batch's backward adds its fresh gradients into the buffer in kernels of its own: without
-    gradient-accumulation fusion, and not under ZeRO-3, whose gradients are reduce-scattered away instead."""
-    return not layout.plan.grad_accum_fusion and not (layout.plan.zero_stage == 3 and layout.dp.size > 1)
+    gradient-accumulation fusion, and not under ZeRO-2 or ZeRO-3, whose gradients are reduce-scattered away instead
+    (the reduced shard's add into the sharded buffer, 1/dp of the work, is left out)."""
+    return not layout.plan.grad_accum_fusion and not (layout.plan.zero_stage >= 2 and layout.dp.size > 1)
 
 
 def upcasts_gradients(layout: Layout) -> bool:

@@ -29,7 +29,8 @@ first. Stated columns are replaced only for knobs the deciding entry lists under
 The summary gives the median, mean, 90th percentile and maximum absolute relative error, the number of
 rows judged infeasible (a run that really ran and is predicted infeasible is a miss; it has no predicted time,
 so it is counted there and not in the |error| figures), the rows that could
-not be read (``invalid``: a bad cell, named in the row's ``reason``; not counted as infeasible) and those
+not be read (``invalid``: a bad cell, named in the row's ``reason``, or a layout its framework refuses to start,
+:func:`_row_rules`; not counted as infeasible) and those
 without a measured time (``unmeasured``: predicted, left out of the error figures), breakdowns by
 cluster and by source, the mean Spearman rank correlation of predicted vs measured step time inside
 groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked; also
@@ -313,13 +314,48 @@ def _measured(row: pd.Series, where: str) -> tuple[float, SpecError | None]:
         return math.nan, None
     number = _number(value)
     seconds = math.nan if number is None else number
-    if math.isfinite(seconds) and seconds > 0:
+    if math.isfinite(seconds) and seconds >= MIN_MEASURED_S:
         return seconds, None
     return math.nan, SpecError(
         f"{where}: measured_step_time_s",
-        f"must be a number of seconds > 0, got {value!r}",
+        f"must be a number of seconds of at least {MIN_MEASURED_S:g}, got {value!r}",
         "write the measured seconds per optimizer step, or leave the cell empty to predict the row unmeasured",
     )
+
+
+# A training step takes at least one kernel launch (microseconds); below that a cell is a unit mix-up (or so small that
+# the relative error of any prediction overflows).
+MIN_MEASURED_S = 1e-6
+
+
+def _row_rules(model: ModelSpec, plan: PlanSpec, row: pd.Series, where: str) -> None:
+    """Rules a run that really ran cannot break, because its framework refuses to start without them (Megatron-LM
+    ``arguments.py`` and ``TransformerConfig``): a row that breaks one has a wrong cell, and is invalid, not a
+    miss. Only the row's own stated cells are checked; a free micro-batch is the validator's to choose."""
+    stated_mb = _cell(row, "micro_batch") is not None
+    per_step = plan.dp * (plan.micro_batch if stated_mb and plan.micro_batch else 1)
+    if plan.global_batch % per_step:
+        what = "dp·micro_batch" if stated_mb else "dp"
+        raise SpecError(
+            f"{where}: global_batch",
+            f"must be a multiple of {what} ({per_step}), got {plan.global_batch}",
+            "fix global_batch, dp or micro_batch",
+        )
+    if model.heads % plan.tp or model.kv_heads % plan.tp:
+        raise SpecError(
+            f"{where}: tp",
+            f"must divide heads ({model.heads}) and kv_heads ({model.kv_heads}) (Megatron-Core splits both over tp), "
+            f"got {plan.tp}",
+            "fix tp, heads or kv_heads",
+        )
+    if (plan.vp or 1) > 1 and plan.pp == 1:
+        raise SpecError(
+            f"{where}: vp", f"needs pp > 1 (interleaving splits pipeline stages), got vp={plan.vp}", "fix vp or pp"
+        )
+    if plan.ep > 1 and model.moe is None:
+        raise SpecError(
+            f"{where}: ep", f"needs a MoE model, got ep={plan.ep} for a dense row", "set ep to 1, or arch to moe"
+        )
 
 
 # The model fields whose CSV column has another name (the others are named alike).
@@ -349,6 +385,8 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
         moe = None
         if arch is not None and str(arch).lower() == "dense" and (experts or 0) > 1:
             raise SpecError("arch", f"is dense, but num_experts is {experts}", "set arch to moe, or empty num_experts")
+        if arch is not None and str(arch).lower() == "dense" and (top_k or 0) > 1:
+            raise SpecError("arch", f"is dense, but experts_topk is {top_k}", "set arch to moe, or empty experts_topk")
         if str(arch or "dense").lower() == "moe" or (experts or 0) > 1:
             if not experts:
                 raise SpecError("num_experts", "is required for a MoE row", "fill num_experts")
@@ -526,6 +564,9 @@ def validate_frame(
             model = row_model(row, where)
             cluster = row_cluster(row, where, clusters)
             plan = row_plan(row, where)
+            _row_rules(model, plan, row, where)
+            # Grouped by what was simulated: "DGX-H100" and "dgx-h100" (or "BF16" and "bf16") are one cluster.
+            entry.update(cluster=cluster.name, precision=plan.precision)
             row_source = str(_cell(row, "source") or "")
             row_name = str(_cell(row, "model") or "")
             matching = [st for st in stacks if st.match in row_source and st.model in row_name]
@@ -609,7 +650,8 @@ def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int], str
         starts: list[int] = []
         begin = reader.line_num + 1
         for record in reader:
-            if record:
+            # pandas skips a line of nothing but spaces as it skips an empty one (a row of empty cells it keeps).
+            if record and not (len(record) == 1 and not record[0].strip()):
                 if len(record) > len(header) and not long:
                     long = f"line {begin} has {len(record)} fields, the header {len(header)}"
                 if len(record) < len(header):
@@ -621,11 +663,31 @@ def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int], str
                             f"the header is separated by {sep!r} but line {begin} by {other!r}",
                             "use one separator throughout the file",
                         )
+                    # pandas pads a short row with empty cells, so a lost trailing cell (the measured time, say)
+                    # would go unnoticed; a CSV writer writes every field, empty ones as nothing between separators.
+                    raise SpecError(
+                        str(path),
+                        f"line {begin} has {len(record)} fields, the header {len(header)}",
+                        f"write every field, empty ones as nothing between two {sep!r}; close every quote you open",
+                    )
                 starts.append(begin)
             begin = reader.line_num + 1
     except csv.Error:
         return [], [], "a row has more fields than the header"  # read_csv reports what else is wrong
     return header, starts, long or f"a row has more fields than the header's {len(header)}"
+
+
+def _undecodable(data: bytes) -> str:
+    """Where ``data`` stops being UTF-8: the line and the byte (pandas reports an offset in its own buffer)."""
+    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        data[start:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        at = start + err.start
+        line = data[:at].count(b"\n") + 1
+        column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+        return f"is not UTF-8: line {line}, byte {column} is 0x{data[at]:02x}"
+    return "is not UTF-8"
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -656,10 +718,14 @@ def validate_file(
             frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, sep=sep, index_col=False)
     except pd.errors.ParserWarning:
         raise SpecError(str(path), long_row, "quote cells that contain the separator") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError:
+        raise SpecError(str(path), _undecodable(data), "save the file as UTF-8") from None
+    except pd.errors.ParserError as err:
         detail = " ".join(str(err).replace("Error tokenizing data. C error: ", "").split())
         raise SpecError(
-            str(path), f"is not a readable CSV ({detail})", "quote cells that contain the separator; save as UTF-8"
+            str(path),
+            f"is not a readable CSV ({detail}; pandas counts rows from 0 after the header)",
+            "quote cells that contain the separator, and close every quote you open",
         ) from None
     except pd.errors.EmptyDataError:
         raise SpecError(str(path), "is empty", "give a CSV with a header row") from None

@@ -504,7 +504,7 @@ def test_validate_reports_every_row_and_exits_2_when_a_cell_is_bad(
     assert main(["validate", str(path), "--no-stacks"]) == 2
     captured = capsys.readouterr()
     assert "line 3 (" in captured.out
-    assert "measured_step_time_s: must be a number of seconds > 0, got 'fast'" in captured.out
+    assert "measured_step_time_s: must be a number of seconds of at least 1e-06, got 'fast'" in captured.out
     assert "predicted 1, infeasible 0, invalid 1" in captured.out
     assert "1 row(s) could not be read" in captured.err
     assert "Traceback" not in captured.out + captured.err

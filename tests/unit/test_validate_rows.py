@@ -344,7 +344,7 @@ def test_spearman_does_not_rank_one_layout_measured_on_two_software_releases() -
         ({"kv_heads": 0}, "kv_heads: must be >= 1, got 0; fix the cell, or leave it empty for as many as heads"),
         ({"vocab": "1_024"}, "vocab: must be a whole number, got '1_024'"),
         ({"layers": "\u0664"}, "layers: must be a whole number"),  # an Arabic-Indic four
-        ({"measured_step_time_s": "1_0"}, "measured_step_time_s: must be a number of seconds > 0"),
+        ({"measured_step_time_s": "1_0"}, "measured_step_time_s: must be a number of seconds of at least 1e-06"),
         # A dense row naming experts was simulated as MoE (+46% on one row); an empty top-k became 2 unreported.
         ({"arch": "dense", "num_experts": 8, "experts_topk": 2}, "arch: is dense, but num_experts is 8"),
         ({"arch": "moe", "num_experts": 8}, "experts_topk: is required for a MoE row; fill experts_topk"),
@@ -385,15 +385,30 @@ def test_a_row_that_contradicts_its_software_stack_names_the_stack() -> None:
     assert bad["reason"].endswith("or validate with --no-stacks")
 
 
-def test_a_layout_that_cannot_run_whatever_the_free_knobs_says_so_on_its_row() -> None:
-    """tp 3 with 8 heads cannot run for any micro-batch or interleaving: the row is an infeasible answer (the
-    issue counts it as a miss), its reason names the file and line and does not blame the free knobs."""
-    (row,) = validate_frame(pd.DataFrame([_row(tp=3, dp=1, num_gpus=3, micro_batch=float("nan"))]), "f.csv").rows
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"tp": 3, "dp": 1, "num_gpus": 3}, "tp: must divide heads (8) and kv_heads (8)"),
+        ({"global_batch": 66}, "global_batch: must be a multiple of dp·micro_batch (8)"),
+        ({"global_batch": 66, "micro_batch": float("nan")}, "global_batch: must be a multiple of dp (8)"),
+        ({"vp": 2}, "vp: needs pp > 1"),
+        ({"ep": 2}, "ep: needs a MoE model"),
+        ({"arch": "dense", "experts_topk": 2}, "arch: is dense, but experts_topk is 2"),
+        ({"measured_step_time_s": 1e-320}, "measured_step_time_s: must be a number of seconds of at least 1e-06"),
+    ],
+)
+def test_a_row_its_framework_would_refuse_to_start_is_invalid_not_a_miss(
+    changes: dict[str, object], fragment: str
+) -> None:
+    """tp 3 with 8 heads, a global batch that dp·micro_batch does not divide, interleaving without a pipeline or
+    expert parallelism in a dense model cannot have run: Megatron-LM refuses to start (``arguments.py``,
+    ``TransformerConfig``), so such a row has a wrong cell and is invalid (exit 2), as a wrong num_gpus is, instead
+    of counting as the simulator's miss. A measured time too small to be a step made the row's error infinite and
+    the summary's p90 null. Found by a review of ``validate``."""
+    (row,) = validate_frame(pd.DataFrame([_row(**changes)]), "f.csv").rows
     assert not row["feasible"]
-    assert not row["invalid"]
-    assert row["reason"] == (
-        "f.csv: line 2 (r1): the plan cannot run, whatever its free knobs: 'tp' must divide 'heads': tp=3, heads=8"
-    )
+    assert row["invalid"], row
+    assert row["reason"].startswith(f"f.csv: line 2 (r1): {fragment}"), row["reason"]
 
 
 def test_every_row_and_summary_has_one_shape_and_the_csv_keeps_every_digit() -> None:
@@ -485,3 +500,50 @@ def test_an_empty_cell_raised_to_fit_is_not_reported_as_stated() -> None:
     table = format_report(report, "table")
     assert "adjusted to fit: zero_stage empty->1" in table
     assert "adjusted to fit: zero_stage 0->1" in table
+
+
+def _tiny_csv(rows: list[dict[str, object]]) -> str:
+    frame = pd.DataFrame(rows)
+    return frame.to_csv(index=False)
+
+
+def test_a_short_row_is_bad_input_not_a_padded_one(tmp_path: Path) -> None:
+    """pandas pads a row with too few fields, so a row that lost its last cell (the measured time) was quietly left
+    unscored. Found by a review of ``validate``."""
+    text = _tiny_csv([_row(), _row(run_id="r2")]).splitlines()
+    text[2] = text[2].rsplit(",", 1)[0]  # r2 without its measured time
+    path = tmp_path / "short.csv"
+    path.write_text("\n".join(text) + "\n")
+    with pytest.raises(SpecError, match="line 3 has 18 fields, the header 19"):
+        validate_file(path)
+
+
+def test_line_numbers_count_a_line_of_spaces(tmp_path: Path) -> None:
+    """A line of spaces (which pandas skips) shifted every later row's line number back by one."""
+    text = _tiny_csv([_row(), _row(run_id="r2", hidden="512x")]).splitlines()
+    path = tmp_path / "spaces.csv"
+    path.write_text("\n".join([text[0], text[1], "   ", text[2]]) + "\n")
+    (_, bad) = validate_file(path).rows
+    assert bad["reason"].startswith(f"{path}: line 4 (r2): hidden"), bad["reason"]
+
+
+def test_a_file_that_is_not_utf8_names_the_line_and_byte(tmp_path: Path) -> None:
+    """pandas' decode error gives an offset inside its own read buffer ("position 1"), not the file's line."""
+    text = _tiny_csv([_row(), _row(run_id="r2", model="Tiny é")])
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(SpecError, match=r"is not UTF-8: line 3, byte \d+ is 0xe9"):
+        validate_file(path)
+
+
+def test_rows_are_grouped_by_the_cluster_and_precision_they_ran_on() -> None:
+    """ "DGX-H100" and "dgx-h100" are one cluster to the simulator, and were two in the per-cluster figures and in the
+    ranking groups, which then lost their rows. Found by a review of ``validate``."""
+    rows = [
+        _row(cluster="DGX-H100", precision="BF16"),
+        _row(run_id="r2", tp=2, dp=4, measured_step_time_s=1.2),
+        _row(run_id="r3", tp=4, dp=2, measured_step_time_s=1.5),
+    ]
+    report = validate_frame(pd.DataFrame(rows), "t.csv")
+    assert list(report.summary["by_cluster"]) == ["dgx-h100"]
+    assert report.summary["spearman_groups"] == 1

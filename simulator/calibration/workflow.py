@@ -184,6 +184,20 @@ def _check_measured_on(rows: Sequence[Measurement], device: DeviceSpec) -> None:
     """Raise a CalibrationError when the rows' fastest GEMM is implausible on ``device`` (faster than its peak, or
     under 2% of it): they were measured on another device, and their efficiencies against this one's peaks would
     be meaningless (a CPU profile fitted as an H100 table, say)."""
+    from simulator.specs.library import list_names
+
+    # Rows that name a device we ship a profile of, and not this one, were measured there: an A100's GEMMs fitted as
+    # an H100's sit inside the plausible band above (24% of the H100's peak) and made every H100 kernel 3x slow.
+    # Names we do not ship (a torch device string, "NVIDIA H100 80GB HBM3") say nothing either way.
+    shipped = {name.lower() for name, _ in list_names("device")}
+    foreign = sorted(
+        {r.device for r in rows if r.device.lower() in shipped and r.device.lower() != device.name.lower()}
+    )
+    if foreign:
+        raise CalibrationError(
+            f"the rows say they were measured on {', '.join(foreign)}, not on device {device.name}: --device must "
+            f"name the device the rows were measured on (--device {foreign[0]}), or --only-device pick its rows"
+        )
     best: dict[str, float] = {}
     for r in rows:
         if r.kind == "gemm" and not r.op.startswith("probe."):  # FLOPs and time positive (rows.check_fittable)

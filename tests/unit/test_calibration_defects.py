@@ -4,6 +4,7 @@ that names the file and says what to do, a note on stderr, or a warning, never a
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -529,3 +530,81 @@ def test_whole_numbers_written_as_floats_are_read_as_counts(tmp_path: Path) -> N
     pd.DataFrame([{**row, "m": "64.5", "time_s": "1e-6"}]).to_csv(path, index=False)
     with pytest.raises(CalibrationError, match=r"column 'm': '64\.5' is not a whole number"):
         read_rows([path])
+
+
+VIDUR_H100 = (
+    Path(__file__).resolve().parents[2] / "data" / "calibration" / "vidur" / "compute" / "h100" / "Llama-2-7b-hf"
+)
+
+
+def test_fit_refuses_rows_that_name_another_shipped_device(tmp_path: Path) -> None:
+    """Vidur's A100 rows fitted as H100 passed the peak check (their best GEMM is 24% of the H100 peak) and made every
+    H100 kernel about 3x slow. Rows naming a device we ship, and not the one named, are now refused. Found by a
+    calibration review."""
+    from simulator.calibration.importers.vidur import import_vidur_compute
+    from simulator.calibration.workflow import fit_files
+    from simulator.specs.library import load_device
+
+    rows = import_vidur_compute(VIDUR_H100 / "mlp.csv", device="A100-SXM4-80GB")
+    path = tmp_path / "a100.csv"
+    write_rows(rows, path)
+    with pytest.raises(CalibrationError, match="measured on A100-SXM4-80GB, not on device H100-SXM5-80GB"):
+        fit_files([path], name="t", device=load_device("H100-SXM5-80GB"))
+    # A device name we do not ship (what CUDA reports) says nothing either way: the peak check decides.
+    renamed = [replace(r, device="NVIDIA H100 80GB HBM3") for r in rows]
+    write_rows(renamed, path)
+    assert fit_files([path], name="t", device=load_device("H100-SXM5-80GB"), holdout_every=1).table
+
+
+def test_huge_numbers_are_bad_input_not_a_traceback(tmp_path: Path) -> None:
+    """A shape of 1e308 in a Vidur CSV or a message of 1e308 elements in a trace overflowed a float (OverflowError,
+    exit 1). Found by a calibration review."""
+    from simulator.calibration.importers.vidur import import_vidur_compute
+
+    frame = pd.read_csv(VIDUR_H100 / "mlp.csv")
+    frame["n_kv_head"] = frame["n_kv_head"].astype(float)
+    frame.loc[0, "n_kv_head"] = 1e308
+    bad = tmp_path / "mlp.csv"
+    frame.to_csv(bad, index=False)
+    with pytest.raises(CalibrationError, match=r"line 2, column 'n_kv_head': expected a whole number from 1 to"):
+        import_vidur_compute(bad, device="H100-SXM5-80GB")
+    trace = {
+        "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 1, "dur": 5,
+             "args": {"External id": 9, "In msg nelems": 1e308, "Out msg nelems": 0, "dtype": "BFloat16",
+                      "Group size": 8}},
+            {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ts": 3, "dur": 4,
+             "args": {"External id": 9}},
+        ]
+    }  # fmt: skip
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace))
+    with pytest.raises(CalibrationError):
+        import_torch_trace(path)
+
+
+def test_nccl_tests_data_lines_are_read_from_the_front(tmp_path: Path) -> None:
+    """Logs older than nccl-tests' root column (12 fields) were read from the end, which gave the in-place time,
+    and a data line cut off in its in-place part gave algbw as the time; rank lines without "Group" (older logs)
+    were not counted, so a 2-node run was filed as one node's. Found by a calibration review."""
+    old = tmp_path / "old.log"
+    old.write_text(
+        "# nThread 1 nGpus 8 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 5 iters: 20\n"
+        "#   Rank  0 Pid  12345 on   node01 device  0 [0x07] Tesla V100-SXM2-32GB\n"
+        "#       size   count  type  redop  time  algbw  busbw  error  time  algbw  busbw  error\n"
+        "    33554432  8388608  float  sum  500.0  67.11  117.44  0e+00  250.0  134.22  234.88  0e+00\n"
+    )
+    (row,) = import_nccl_tests(old, collective="all_reduce")
+    assert row.time_s == pytest.approx(500e-6)
+    cut = tmp_path / "cut.log"
+    cut.write_text(NCCL_HEADER + "     2097152  524288  float  sum  -1  40.00  52.43  52.43  0  39.50\n")
+    (row,) = import_nccl_tests(cut, collective="all_reduce")
+    assert row.time_s == pytest.approx(40e-6)
+    two = tmp_path / "two.log"
+    ranks = "".join(
+        f"#  Rank {i:2d} Pid {100 + i} on node0{i // 8} device {i % 8} [0x07] NVIDIA H100 80GB HBM3\n"
+        for i in range(16)
+    )
+    two.write_text(NCCL_HEADER.replace("nGpus 2", "nGpus 1") + ranks + NCCL_LINE.format(size=1048576, time="30.00"))
+    (row,) = import_nccl_tests(two, collective="all_reduce")
+    assert (row.ranks, row.scope) == (16, "network")

@@ -114,7 +114,7 @@ def import_nccl_tests(
                     runs.append(run)
                 run.n_threads, run.n_gpus = int(m.group(1)), int(m.group(2))
             m = re.search(
-                r"Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*)$", stripped
+                r"Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*)$", stripped
             )
             if m:
                 run.rank_lines += 1
@@ -199,16 +199,21 @@ def _run_rows(
     rows = []
     for lineno, tokens in run.data:
         size = float(tokens[0])
-        trailing = tokens[-8:] if len(tokens) >= 13 else tokens[-4:]
+        # Read from the front: size count type redop [root] time algbw busbw #wrong, out of place, then the same four
+        # in place. nccl-tests prints the root as an integer and times with a decimal point; logs older than the
+        # root column (2.x before 2.10) have none, and reading from the end found their in-place time.
+        at = 5 if len(tokens) > 5 and re.fullmatch(r"-?\d+", tokens[4]) else 4
+        trailing = tokens[at : at + 4]
         try:
-            time_us = float(trailing[0])
+            time_us = float(trailing[0]) if len(trailing) == 4 else math.nan
         except ValueError:
             time_us = math.nan
         if not math.isfinite(time_us):
             raise CalibrationError(
-                f"{path}: line {lineno}: cannot read a time in microseconds from {trailing[0]!r} (line {tokens!r}); "
-                "a data line is size count type redop root, then time algbw busbw #wrong out of place (and again "
-                "in place); fix or remove the line"
+                f"{path}: line {lineno}: cannot read a time in microseconds from {(trailing or [''])[0]!r} (line "
+                f"{' '.join(tokens)!r}: its out-of-place time algbw busbw #wrong, cut off?); a data line is size "
+                "count type redop root, then time algbw busbw #wrong out of place (and again in place); fix or "
+                "remove the line"
             )
         if size <= 0 or time_us <= 0:
             dropped.append(lineno)

@@ -356,12 +356,13 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
 
 
 def _count(value: Any) -> int:
-    """A whole, finite, non-negative count from a trace field, else 0."""
+    """A whole, finite, non-negative count from a trace field, else 0 (also above 2^53, where a float stops counting
+    whole numbers: a damaged field, whose byte size would overflow a float)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
         return 0
-    return int(number) if math.isfinite(number) and number >= 0 else 0
+    return int(number) if math.isfinite(number) and 0 <= number <= 2**53 else 0
 
 
 def _comm_size(comms: dict[Any, dict[str, Any]], kern: dict[str, Any]) -> tuple[float, int]:

@@ -125,6 +125,9 @@ def _drop_note(path: Path, empty: list[str], negative: list[str]) -> str:
     return f"{path}: dropped {len(empty) + len(negative)} median time cell(s) with no time to fit: " + "; ".join(parts)
 
 
+MAX_SHAPE = 2**40
+
+
 def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool, whole: bool = False) -> None:
     """Make ``columns`` numeric in place; a cell that is not a finite number (``whole``: a whole number ≥ 1;
     when ``required``, also an empty one) is a CalibrationError naming the file's line, the column and the value."""
@@ -133,8 +136,9 @@ def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool
         bad = (values.isna() & (df[col].notna() | required)) | values.isin([np.inf, -np.inf])
         expected = "a number"
         if whole:
-            bad |= values.notna() & ((values < 1) | (values % 1 != 0))
-            expected = "a whole number >= 1"
+            # Bounded: a shape beyond 2^40 is a damaged cell, and its FLOPs (m·n·k) would overflow a float.
+            bad |= values.notna() & ((values < 1) | (values % 1 != 0) | (values > MAX_SHAPE))
+            expected = f"a whole number from 1 to {MAX_SHAPE}"
         if bad.any():
             pos = int(bad.to_numpy().argmax())
             raise CalibrationError(

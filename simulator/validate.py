@@ -383,9 +383,10 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
     top_k = _int(row, "experts_topk", where)
     try:
         moe = None
-        if arch is not None and str(arch).lower() == "dense" and (experts or 0) > 1:
+        dense = arch is not None and str(arch).lower() == "dense"
+        if dense and (experts or 0) > 1:
             raise SpecError("arch", f"is dense, but num_experts is {experts}", "set arch to moe, or empty num_experts")
-        if arch is not None and str(arch).lower() == "dense" and (top_k or 0) > 1:
+        if dense and (top_k or 0) > 1:
             raise SpecError("arch", f"is dense, but experts_topk is {top_k}", "set arch to moe, or empty experts_topk")
         if str(arch or "dense").lower() == "moe" or (experts or 0) > 1:
             if not experts:

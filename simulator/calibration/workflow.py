@@ -181,9 +181,10 @@ _PEAK_CEILING, _PEAK_FLOOR = 1.15, 0.02
 
 
 def _check_measured_on(rows: Sequence[Measurement], device: DeviceSpec) -> None:
-    """Raise a CalibrationError when the rows' fastest GEMM is implausible on ``device`` (faster than its peak, or
-    under 2% of it): they were measured on another device, and their efficiencies against this one's peaks would
-    be meaningless (a CPU profile fitted as an H100 table, say)."""
+    """Raise a CalibrationError when the rows name another device we ship a profile of, or when their fastest GEMM
+    is implausible on ``device`` (faster than its peak, or under 2% of it): they were measured on another device,
+    and their efficiencies against this one's peaks would be meaningless (a CPU profile fitted as an H100 table,
+    say)."""
     from simulator.specs.library import list_names
 
     # Rows that name a device we ship a profile of, and not this one, were measured there: an A100's GEMMs fitted as

@@ -16,8 +16,9 @@ Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
   keep everything, Megatron-LM's block method); selective recomputation drops what the attention core alone keeps,
   and re-creates it for one layer at a time in backward (that layer's working set);
 * buffers: transient tensors that live outside the saved activations (the 16-bit logits before the fp32
-  cross-entropy on the last stage; under ZeRO-3 the gathered parameters of the current and the
-  prefetched layer; with ``grad_accum_upcast_copy`` the cast copy of the largest operator's gradient) and a
+  cross-entropy on the last stage; under ZeRO-2 and ZeRO-3 one block's whole gradient before its reduce-scatter;
+  under ZeRO-3 the gathered parameters of the current and the prefetched layer; with ``grad_accum_upcast_copy``
+  the cast copy of the largest operator's gradient) and a
   fixed per-process reserve for the CUDA context, library workspaces and NCCL buffers (:data:`RESERVED_BYTES`);
   with 16-bit gradients, what the optimizer step's fp32 copy of the gradient shard needs beyond the backward's
   peak (that phase holds no activations).

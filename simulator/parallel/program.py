@@ -452,13 +452,14 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
     wgt = _Builder()
     # ZeRO-3 shards whatever has a group to shard over: the dense parameters over dp, the routed experts over edp
     # (tp 4 · ep 2 with expert_tp 1 has dp 1 but edp 2: its experts are still gathered and scattered).
-    zero3 = layout.plan.zero_stage == 3 and (layout.dp.size > 1 or layout.edp.size > 1)
+    shards = layout.dp.size > 1 or layout.edp.size > 1
+    zero3 = layout.plan.zero_stage == 3 and shards
     # ZeRO-2 and ZeRO-3 keep only their shard of the gradients, so each micro-batch's fresh gradients are
     # reduce-scattered in its backward, layer by layer, as they are produced: gradients cannot accumulate over
     # micro-batches in a shard ("For zero stage 2 (and 3), gradient reduction is required after every backward
     # because of gradient partitioning", DeepSpeed maintainers, deepspeedai/DeepSpeed#2252; PyTorch FSDP's
     # SHARD_GRAD_OP likewise reduce-scatters in every backward outside no_sync).
-    scatters = layout.plan.zero_stage >= 2 and (layout.dp.size > 1 or layout.edp.size > 1)
+    scatters = layout.plan.zero_stage >= 2 and shards
     moe = graph.model.moe
     experts = moe.num_experts if moe is not None else 0
     top_k = moe.top_k if moe is not None else 1
@@ -971,7 +972,6 @@ def _emit_backward(
         if _dispatches_own_shard(layout)
         else (_BWD_REGION_START, _BWD_REGION_END)
     )
-    gathers = _DGRAD_WITH_INPUT_GATHER
     for op in ops:
         region = starts.get(op.name)
         if region is not None and region not in started:
@@ -996,7 +996,7 @@ def _emit_backward(
         if op.phase == "bwd_weight" and w is not None:
             w.compute(op)
             continue
-        if op.name in gathers and layout.sequence_parallel:
+        if op.name in _DGRAD_WITH_INPUT_GATHER and layout.sequence_parallel:
             # Under zb_h1 the gather still runs in the activation-gradient pass, which keeps the gathered input for
             # the deferred weight-gradient pass (the zero-bubble reference's WeightGradStore).
             ag, _, _ = _tp_comms(layout, h, f"{block}.{op.name}.input")

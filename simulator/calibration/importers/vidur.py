@@ -129,8 +129,9 @@ MAX_SHAPE = 2**40
 
 
 def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool, whole: bool = False) -> None:
-    """Make ``columns`` numeric in place; a cell that is not a finite number (``whole``: a whole number ≥ 1;
-    when ``required``, also an empty one) is a CalibrationError naming the file's line, the column and the value."""
+    """Make ``columns`` numeric in place; a cell that is not a finite number (``whole``: a whole number from 1 to
+    :data:`MAX_SHAPE`; when ``required``, also an empty one) is a CalibrationError naming the file's line, the column
+    and the value."""
     for col in columns:
         values = pd.to_numeric(df[col], errors="coerce")
         bad = (values.isna() & (df[col].notna() | required)) | values.isin([np.inf, -np.inf])

@@ -327,6 +327,26 @@ def _refuse_sliding_window(f: Fields, model_type: str) -> None:
     )
 
 
+# Which key holds an expert's FFN width. MixtralConfig has none of its own: its experts are intermediate_size wide.
+# Qwen2MoeConfig and Qwen3MoeConfig keep intermediate_size for the dense layers (mlp_only_layers) and give the
+# experts moe_intermediate_size, whose class defaults (1408, 768) a released config always overrides: a file
+# without it is refused rather than timed with experts of the dense layers' width (4-24x too large).
+_EXPERT_FFN_FIX = {
+    "qwen2_moe": "add moe_intermediate_size, the experts' FFN width (transformers' Qwen2MoeConfig default: 1408)",
+    "qwen3_moe": "add moe_intermediate_size, the experts' FFN width (transformers' Qwen3MoeConfig default: 768)",
+    "mixtral": "add intermediate_size, the experts' FFN width (Mixtral's experts use it)",
+}
+
+
+def _expert_ffn_key(data: dict[str, Any], model_type: str) -> str:
+    if model_type == "mixtral":
+        return "intermediate_size"
+    if model_type in _MOE_TYPES:
+        return "moe_intermediate_size"
+    # A llama-style file with experts and no family: the MoE key when it has one, else the one FFN width it has.
+    return "moe_intermediate_size" if data.get("moe_intermediate_size") is not None else "intermediate_size"
+
+
 def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     """The MoE part, or None for a dense model; adds to ``keys`` the config keys of the MoE fields."""
     data = f.data
@@ -349,11 +369,12 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
             f"must be <= the number of experts: num_experts_per_tok={top_k}, experts={experts}",
             "check the config (top-k routing picks k of the experts)",
         )
-    ffn_key = "moe_intermediate_size" if data.get("moe_intermediate_size") else "intermediate_size"
+    ffn_key = _expert_ffn_key(data, model_type)
     if data.get(ffn_key) is None:
-        raise f.error("moe_intermediate_size", "is required but missing", "add the expert FFN size")
+        raise f.error(ffn_key, "is required but missing", _EXPERT_FFN_FIX.get(model_type, "add the expert FFN size"))
     expert_ffn = f.integer(ffn_key, minimum=1)
-    f.used.update(("moe_intermediate_size",))
+    if model_type != "mixtral":
+        f.used.update(("moe_intermediate_size",))
     shared_ffn = f.integer("shared_expert_intermediate_size", 0, minimum=0)
     step = f.integer("decoder_sparse_step", 1, minimum=1)
     dense_layers = f.int_list("mlp_only_layers", (), minimum=0)

@@ -257,6 +257,12 @@ BAD = [
     ({**QWEN2_57B_A14B, "decoder_sparse_step": 0}, "decoder_sparse_step", "must be >= 1, got 0"),
     ({**QWEN3_30B_A3B, "mlp_only_layers": 1.5}, "mlp_only_layers", "must be a list of whole numbers"),
     ({**QWEN3_30B_A3B, "moe_intermediate_size": None, "intermediate_size": None}, "moe_intermediate_size", "missing"),
+    # Found by a review: without moe_intermediate_size a Qwen-MoE file was timed with experts as wide as its dense
+    # layers (intermediate_size 6144 for Qwen3-30B-A3B, 8x its experts' 768), and a Mixtral file without
+    # intermediate_size was told to add moe_intermediate_size, a key Mixtral does not have.
+    ({k: v for k, v in QWEN3_30B_A3B.items() if k != "moe_intermediate_size"}, "moe_intermediate_size", "missing"),
+    ({k: v for k, v in QWEN2_57B_A14B.items() if k != "moe_intermediate_size"}, "moe_intermediate_size", "missing"),
+    ({**MIXTRAL_8X7B, "intermediate_size": None}, "config.json: intermediate_size", "is required but missing"),
 ]
 
 

@@ -205,7 +205,7 @@ def _cmd_import_nccl(args: argparse.Namespace) -> int:
             rows += import_vtrain_table(path, device=args.device or "A100-SXM4-80GB", ranks=args.ranks, notes=notes)
         else:
             rows += import_nccl_tests(
-                path, collective=collective, device=args.device or "", ranks=args.ranks, notes=notes
+                path, collective=collective, device=args.device or "", ranks=args.ranks, scope=args.scope, notes=notes
             )
     return _write_import(rows, args.out, "import-nccl-tests", notes)
 
@@ -216,7 +216,7 @@ def _cmd_import_torch(args: argparse.Namespace) -> int:
     rows: list[Any] = []
     notes: list[str] = []
     for path in args.paths:
-        rows += import_torch_trace(path, device=args.device or "", notes=notes)
+        rows += import_torch_trace(path, device=args.device or "", scope=args.scope or "", notes=notes)
     return _write_import(rows, args.out, "import-torch-profiler", notes)
 
 
@@ -457,6 +457,8 @@ def _cmd_host(args: argparse.Namespace) -> int:
 
 def add_calibrate_parser(sub: Any) -> None:
     """Register ``calibrate`` and its subcommands on the top-level subparsers."""
+    from simulator.specs.calibration import SCOPES
+
     cal = sub.add_parser("calibrate", help="measure kernels and collectives, fit tables, check predictions")
     cal_sub = cal.add_subparsers(dest="calibrate_command", required=True, parser_class=type(cal))
 
@@ -519,12 +521,24 @@ def add_calibrate_parser(sub: Any) -> None:
     inc.add_argument("--collective", help="all_reduce, all_gather, ... when the output does not say")
     inc.add_argument("--ranks", type=_whole(1), help="group size when the output does not say")
     inc.add_argument("--device", help="device name for the rows")
+    inc.add_argument(
+        "--scope",
+        choices=SCOPES,
+        help="where the groups ran: domain (one NVLink domain, also across the hosts of a GB200 NVL72 rack) or "
+        "network; default: domain on one host, network when the rank lines name several",
+    )
     inc.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
     inc.set_defaults(func=_cmd_import_nccl)
 
     itp = cal_sub.add_parser("import-torch-profiler", help="PyTorch profiler (Kineto) Chrome trace JSON")
     itp.add_argument("paths", nargs="+", type=Path)
     itp.add_argument("--device", help="device name for the rows (default: from the trace)")
+    itp.add_argument(
+        "--scope",
+        choices=SCOPES,
+        help="where the collectives ran: domain (one NVLink domain) or network (across nodes); default: from each "
+        "group's ranks and the host's GPUs, else domain",
+    )
     itp.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
     itp.set_defaults(func=_cmd_import_torch)
 

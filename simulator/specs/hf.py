@@ -16,6 +16,7 @@ maxima (131072 for Llama 3.1) are rarely the pre-training length; pass ``--seq-l
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -338,7 +339,7 @@ _EXPERT_FFN_FIX = {
 }
 
 
-def _expert_ffn_key(data: dict[str, Any], model_type: str) -> str:
+def _expert_ffn_key(data: Mapping[str, Any], model_type: str) -> str:
     if model_type == "mixtral":
         return "intermediate_size"
     if model_type in _MOE_TYPES:

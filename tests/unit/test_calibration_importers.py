@@ -169,6 +169,8 @@ def test_nccl_tests_output_with_two_runs_gives_each_its_collective_and_group(tmp
         ("all_gather", 2, "network"),
     ]
     assert rows[2].host == "node-a,node-b"
+    # The hosts of one GB200 NVL72 rack share an NVLink domain: the caller says so, and the rows are fitted.
+    assert {r.scope for r in import_nccl_tests(path, scope="domain")} == {"domain"}
 
 
 def test_torch_profiler_cpu_trace(tmp_path: Path) -> None:
@@ -279,6 +281,37 @@ def test_torch_profiler_sizes_collectives_as_whole_buffers_in_their_recorded_dty
     rows = {r.op: r.bytes for r in import_torch_trace(path, device="NVIDIA H100", notes=notes)}
     assert rows == {"all_gather": 16 * 2**20, "reduce_scatter": 32 * 2**20, "all_reduce": 4 * 2**20}
     assert any("1 NCCL kernel(s) without a message size" in n and "known dtype" in n for n in notes)
+
+
+def test_torch_profiler_collectives_across_nodes_are_scoped_network(tmp_path: Path) -> None:
+    """Every NCCL kernel of a trace was filed as scope domain, so a data-parallel all-reduce between two nodes
+    (ranks 0 and 8 under torchrun on 8-GPU hosts) fitted as NVLink bandwidth would have slowed every NVLink
+    collective to the network's pace. The ranks and the host's GPUs now place the group; the caller can override."""
+
+    def comm(ext: int, args: dict[str, object]) -> list[dict[str, object]]:
+        full = {"In msg nelems": 2**20 * ext, "dtype": "BFloat16", "Group size": 2, "External id": ext, **args}
+        return [
+            {"cat": "cpu_op", "name": "record_param_comms", "ts": 10 * ext, "dur": 1, "args": full},
+            {"cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "ts": 10 * ext + 1, "dur": 50,
+             "args": {"External id": ext}},
+        ]  # fmt: skip
+
+    events = [
+        *comm(1, {"Process Group Ranks": "[0, 8]"}),  # a dp pair across two nodes
+        *comm(2, {"Process Group Ranks": [0, 1]}),  # a tp pair inside one
+        *comm(3, {"Global rank start": 0, "Global rank stride": 8}),  # older traces: start and stride
+        *comm(4, {}),  # nothing recorded: inside one domain, with a note
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"name": "NVIDIA H100"}] * 8}))
+    notes: list[str] = []
+    scopes = {r.bytes / 2**21: r.scope for r in import_torch_trace(path, notes=notes)}
+    assert scopes == {1: "network", 2: "domain", 3: "network", 4: "domain"}
+    assert any("1 NCCL kernel(s) taken to run inside one NVLink domain" in n and "--scope network" in n for n in notes)
+    assert {r.scope for r in import_torch_trace(path, scope="domain")} == {"domain"}
+    # One GPU visible per process (srun binding): ranks cannot be placed on nodes, so the group is assumed, as noted.
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"name": "NVIDIA H100"}]}))
+    assert {r.scope for r in import_torch_trace(path)} == {"domain"}
 
 
 @pytest.mark.torch

@@ -9,7 +9,8 @@
   ``size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)``; times in **nanoseconds**, n GPUs of one
   node from the file name. Check: 1 GiB on 8 A100s takes 8.2 ms, a bus bandwidth of 229 GB/s.
 
-The group spans nodes (scope ``network``) when the rank lines name more than one host.
+The group spans nodes (scope ``network``) when the rank lines name more than one host, unless the caller says
+otherwise (``scope``): the hosts of one multi-node NVLink domain (GB200 NVL72: 18 trays of 4 GPUs) share NVLink.
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def import_nccl_tests(
     collective: str | None = None,
     device: str = "",
     ranks: int | None = None,
+    scope: str | None = None,
     notes: list[str] | None = None,
 ) -> list[Measurement]:
     """Rows from one nccl-tests output file.
 
-    ``collective`` and ``ranks`` override what the header says (older versions do not name the test).
+    ``collective`` and ``ranks`` override what the header says (older versions do not name the test), ``scope`` what
+    the rank lines' hosts say.
     Data lines with a zero or negative size or time, or with wrong results (``#wrong`` > 0), are dropped; ``notes``
     (when given) gets one line saying how many and which. A time too short for any fabric (a unit slip) is an
     error.
@@ -149,7 +152,7 @@ def import_nccl_tests(
                 f"{path}: line {run.data[0][0]}: cannot tell which collective this is; pass --collective "
                 f"({', '.join(COLLECTIVES)})"
             )
-        rows += _run_rows(path, run, name, ranks, device, dropped, wrong)
+        rows += _run_rows(path, run, name, ranks, scope, device, dropped, wrong)
     if notes is not None:
         if dropped:
             notes.append(_dropped_note(path, dropped, "a zero or negative size or time (nothing to fit)"))
@@ -190,12 +193,19 @@ class _Run:
 
 
 def _run_rows(
-    path: Path, run: _Run, name: str, ranks: int | None, device: str, dropped: list[int], wrong: list[int]
+    path: Path,
+    run: _Run,
+    name: str,
+    ranks: int | None,
+    scope: str | None,
+    device: str,
+    dropped: list[int],
+    wrong: list[int],
 ) -> list[Measurement]:
     """The measurement rows of one run (lines with a zero or negative size or time go to ``dropped``, lines whose
     out-of-place result nccl-tests found wrong to ``wrong``)."""
     n = ranks or run.rank_lines or run.n_gpus * run.n_threads
-    scope = "network" if len(run.hosts) > 1 else "domain"
+    scope = scope or ("network" if len(run.hosts) > 1 else "domain")
     rows = []
     for lineno, tokens in run.data:
         size = float(tokens[0])

@@ -13,6 +13,14 @@ attention forward and backward of the flash (FlashAttention-2), cuDNN and CPU ba
 their curve: ``flash2_sdpa_causal_fwd``, ``cudnn_sdpa_bwd``...; causal from the recorded ``is_causal``),
 norms, activations, element-wise arithmetic, softmax and dropout (memory-bound), and NCCL kernels (collectives,
 sized by ``record_param_comms``: the whole buffer, as nccl-tests counts it).
+
+A collective's scope (``domain``: inside one NVLink domain; ``network``: across nodes, which a fit leaves out of
+the tables) is what the caller says (``--scope``), else read off the group's global ranks (``record_param_comms``'
+``Process Group Ranks``, or its ``Global rank start``/``stride``) and the GPUs the traced host lists in
+``deviceProperties``: torchrun numbers ranks node by node (global rank = node rank × GPUs per node + local rank),
+so ranks in more than one block of that size span nodes. Where neither is known the group is taken to be inside
+one domain, and a note says so (a multi-node group fitted as NVLink bandwidth would make every NVLink collective
+as slow as the network).
 """
 
 from __future__ import annotations
@@ -214,8 +222,11 @@ def _classify(op: dict[str, Any]) -> dict[str, Any] | None:
 _WHAT = "a Chrome trace JSON from torch.profiler (prof.export_chrome_trace(path))"
 
 
-def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None = None) -> list[Measurement]:
-    """Rows from one Chrome trace; identical operator shapes are merged (median time).
+def import_torch_trace(
+    path: Path, *, device: str = "", scope: str = "", notes: list[str] | None = None
+) -> list[Measurement]:
+    """Rows from one Chrome trace; identical operator shapes are merged (median time). ``scope`` (``domain`` or
+    ``network``) overrides the scope read off each collective's ranks (module docstring).
 
     Events the importer cannot read (no name, ``ts`` or ``dur``...) and NCCL kernels it cannot size or name
     are skipped; ``notes`` (when given) gets a line saying how many.
@@ -235,10 +246,12 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
     skipped = len(timed) - len(readable)
     ops = [e for e in readable if e["cat"] == "cpu_op"]
     kernels = [e for e in readable if e["cat"] == "kernel"]
-    if not device and isinstance(data, dict):
-        props = data.get("deviceProperties")
-        first = props[0] if isinstance(props, list) and props else {}
+    props = data.get("deviceProperties") if isinstance(data, dict) else None
+    props = props if isinstance(props, list) else []
+    if not device:
+        first = props[0] if props else {}
         device = str(first.get("name", "")) if isinstance(first, dict) else ""
+    host_gpus = sum(isinstance(p, dict) for p in props)
     by_ext: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     comms: dict[Any, dict[str, Any]] = {}
     for op in ops:
@@ -250,7 +263,7 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
     # Each operator's shape, FLOPs and bytes, worked out once (kernels look their owners up here).
     shapes = {id(op): c for op in ops if (c := _classify(op)) is not None}
     op_time: dict[int, float] = defaultdict(float)
-    comm_rows: list[tuple[str, float, float, int]] = []
+    comm_rows: list[tuple[str, float, float, int, tuple[int, ...]]] = []
     unnamed_comms = unsized_comms = 0
     for kern in kernels:
         kname = kern["name"]
@@ -260,9 +273,9 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
             if coll is None:
                 unnamed_comms += 1
                 continue
-            size, group = _comm_size(comms, kern)
+            size, group, members = _comm_size(comms, kern)
             if size > 0 and float(kern["dur"]) > 0:
-                comm_rows.append((coll, size, float(kern["dur"]) * 1e-6, group))
+                comm_rows.append((coll, size, float(kern["dur"]) * 1e-6, group, members))
             else:
                 unsized_comms += 1
             continue
@@ -315,20 +328,24 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
             )
         )
     merged: dict[tuple[Any, ...], list[float]] = defaultdict(list)
-    for coll, size, seconds, group in comm_rows:
-        merged[(coll, size, group)].append(seconds)
-    for (coll, size, group), times in sorted(merged.items()):
+    assumed = 0
+    for coll, size, seconds, group, members in comm_rows:
+        row_scope, why = _comm_scope(scope, members, host_gpus)
+        assumed += not why and group > 1
+        merged[(coll, size, group, row_scope, why)].append(seconds)
+    for (coll, size, group, row_scope, why), times in sorted(merged.items()):
         rows.append(
             Measurement(
                 kind="collective",
                 op=coll,
                 bytes=size,
                 ranks=group,
-                scope="domain",
+                scope=row_scope,
                 time_s=statistics.median(times),
                 repeats=len(times),
                 device=device,
                 source=f"PyTorch profiler trace {path.name}",
+                note=why,
             )
         )
     if notes is not None:
@@ -341,6 +358,12 @@ def import_torch_trace(path: Path, *, device: str = "", notes: list[str] | None 
             notes.append(f"{path}: skipped {zero_time} recognised operator(s) timed at zero duration")
         if unnamed_comms:
             notes.append(f"{path}: skipped {unnamed_comms} NCCL kernel(s) whose name says no known collective")
+        if assumed:
+            notes.append(
+                f"{path}: {assumed} NCCL kernel(s) taken to run inside one NVLink domain (scope domain): the trace "
+                "records neither their group's ranks nor the host's GPUs; pass --scope network if the groups spanned "
+                "nodes"
+            )
         if unsized_comms:
             notes.append(
                 f"{path}: skipped {unsized_comms} NCCL kernel(s) without a message size (no record_param_comms "
@@ -365,16 +388,46 @@ def _count(value: Any) -> int:
     return int(number) if math.isfinite(number) and 0 <= number <= 2**53 else 0
 
 
-def _comm_size(comms: dict[Any, dict[str, Any]], kern: dict[str, Any]) -> tuple[float, int]:
-    """Message bytes and group size from the ``record_param_comms`` operator that launched an NCCL kernel
-    (``comms``: the first such operator per External id; without an id on the kernel, the trace's first)."""
+def _comm_scope(given: str, members: tuple[int, ...], host_gpus: int) -> tuple[str, str]:
+    """The scope of a collective over global ranks ``members`` and why (empty when assumed; module docstring)."""
+    if given:
+        return given, "scope given by the caller"
+    if members and host_gpus > 1:
+        nodes = len({r // host_gpus for r in members})
+        where = "network" if nodes > 1 else "domain"
+        return where, f"ranks on {nodes} node(s) of {host_gpus} GPUs (torchrun numbering)"
+    return "domain", ""
+
+
+def _group_members(args: dict[str, Any], group: int) -> tuple[int, ...]:
+    """The global ranks of a collective's group, from ``Process Group Ranks`` (a list, or its text ``[0, 8]``) or from
+    ``Global rank start`` and ``Global rank stride``; empty when the trace has neither."""
+    listed = args.get("Process Group Ranks")
+    if isinstance(listed, str):
+        try:
+            listed = json.loads(listed)
+        except json.JSONDecodeError:
+            listed = None
+    if isinstance(listed, list) and listed and all(isinstance(r, int) and not isinstance(r, bool) for r in listed):
+        return tuple(r for r in listed if 0 <= r <= 2**31)
+    start, stride = args.get("Global rank start"), args.get("Global rank stride")
+    if all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 2**31 for v in (start, stride)) and stride:
+        return tuple(start + i * stride for i in range(min(group, 2**16)))
+    return ()
+
+
+def _comm_size(comms: dict[Any, dict[str, Any]], kern: dict[str, Any]) -> tuple[float, int, tuple[int, ...]]:
+    """Message bytes, group size and the group's global ranks (empty when unrecorded) from the
+    ``record_param_comms`` operator that launched an NCCL kernel (``comms``: the first such operator per External
+    id; without an id on the kernel, the trace's first)."""
     ext = _ext_id(kern)
     op = comms.get(ext) if ext is not None else next(iter(comms.values()), None)
     if op is None:
-        return 0.0, 0
+        return 0.0, 0, ()
     args = op.get("args", {})
     # The message size as nccl-tests and the tables count it, the whole buffer: the gathered output of an
     # all-gather, the full input of a reduce-scatter, i.e. the larger of the two (each rank's shard is the smaller).
     nelems = max(_count(args.get("In msg nelems") or 0), _count(args.get("Out msg nelems") or 0))
     elem = _COMM_DTYPE_BYTES.get(str(args.get("dtype", "")).removeprefix("c10::"), 0)  # unknown dtype: unsized
-    return float(nelems * elem), _count(args.get("Group size") or 0)
+    group = _count(args.get("Group size") or 0)
+    return float(nelems * elem), group, _group_members(args, group)

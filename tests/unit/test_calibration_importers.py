@@ -191,6 +191,60 @@ def test_torch_profiler_cpu_trace(tmp_path: Path) -> None:
         import_torch_trace(path)
 
 
+def test_torch_profiler_kernels_of_unread_operators_inside_attention_are_attention(tmp_path: Path) -> None:
+    """PyTorch's flash SDPA launches its kernel from aten::_flash_attention_forward inside
+    aten::_scaled_dot_product_flash_attention: the kernel's External id names the inner operator, which the importer
+    does not read, so every flash attention kernel of a GPU trace was dropped. A cast kernel under aten::linear is
+    not charged to the GEMM."""
+    bf16 = ["c10::BFloat16"] * 3
+    qkv = [[2, 4, 1024, 64]] * 3
+    events = [
+        {"cat": "cpu_op", "name": "aten::_scaled_dot_product_flash_attention", "ts": 0, "dur": 50, "pid": 1,
+         "tid": 1, "args": {"Input Dims": qkv, "Input type": bf16, "Concrete Inputs": ["", "", "", "0.", "True"],
+         "External id": 1}},
+        {"cat": "cpu_op", "name": "aten::_flash_attention_forward", "ts": 10, "dur": 30, "pid": 1, "tid": 1,
+         "args": {"Input Dims": qkv, "External id": 2}},
+        {"cat": "kernel", "name": "flash_fwd_kernel", "ts": 100, "dur": 80, "args": {"External id": 2}},
+        {"cat": "cpu_op", "name": "aten::linear", "ts": 60, "dur": 30, "pid": 1, "tid": 1,
+         "args": {"Input Dims": [[64, 128], [256, 128], [256]], "Input type": bf16, "External id": 3}},
+        {"cat": "cpu_op", "name": "aten::to", "ts": 62, "dur": 3, "pid": 1, "tid": 1, "args": {"External id": 4}},
+        {"cat": "kernel", "name": "cast_kernel", "ts": 200, "dur": 7, "args": {"External id": 4}},
+        {"cat": "cpu_op", "name": "aten::addmm", "ts": 66, "dur": 20, "pid": 1, "tid": 1,
+         "args": {"Input Dims": [[256], [64, 128], [128, 256]], "Input type": bf16, "External id": 5}},
+        {"cat": "kernel", "name": "sm90_gemm", "ts": 210, "dur": 11, "args": {"External id": 5}},
+    ]  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    rows = {r.op: r.time_s for r in import_torch_trace(path, device="NVIDIA H100")}
+    assert rows == {"flash2_sdpa_causal_fwd": pytest.approx(80e-6), "aten::addmm": pytest.approx(11e-6)}
+
+
+def test_torch_profiler_cpu_trace_times_an_operator_once_not_also_its_wrapper(tmp_path: Path) -> None:
+    """On a CPU trace aten::linear (dispatch, a transpose and the addmm inside it) was a second GEMM row of the same
+    shape, and aten::layer_norm a second row of native_layer_norm's work: the inner operator is the measurement."""
+    bf16 = ["c10::BFloat16"] * 3
+    events = [
+        {"cat": "cpu_op", "name": "aten::linear", "ts": 0, "dur": 1680, "pid": 1, "tid": 1,
+         "args": {"Input Dims": [[64, 128], [256, 128], [256]], "Input type": bf16}},
+        {"cat": "cpu_op", "name": "aten::addmm", "ts": 460, "dur": 1218, "pid": 1, "tid": 1,
+         "args": {"Input Dims": [[256], [64, 128], [128, 256]], "Input type": bf16}},
+        {"cat": "cpu_op", "name": "aten::copy_", "ts": 700, "dur": 41, "pid": 1, "tid": 1,
+         "args": {"Input Dims": [[64, 256], [256]], "Input type": bf16}},
+        # Another thread's operator overlapping in time is not nested in the linear.
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 100, "dur": 50, "pid": 1, "tid": 2,
+         "args": {"Input Dims": [[64, 128], [128, 256]], "Input type": bf16}},
+        {"cat": "cpu_op", "name": "aten::layer_norm", "ts": 2000, "dur": 90, "pid": 1, "tid": 1,
+         "args": {"Input Dims": [[64, 256], [256], [256], []], "Input type": bf16}},
+        {"cat": "cpu_op", "name": "aten::native_layer_norm", "ts": 2010, "dur": 70, "pid": 1, "tid": 1,
+         "args": {"Input Dims": [[64, 256], [256], [256], []], "Input type": bf16}},
+    ]  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    rows = sorted((r.op, round(r.time_s * 1e6)) for r in import_torch_trace(path, device="cpu"))
+    # addmm keeps its own time, the bias copy inside it included (a memory row of its own, too)
+    assert rows == [("aten::addmm", 1218), ("aten::copy_", 41), ("aten::mm", 50), ("aten::native_layer_norm", 70)]
+
+
 GPU_TRACE = [
     {"cat": "cpu_op", "name": "aten::linear", "ts": 0, "dur": 50, "args": {"Input Dims": [[64, 128], [256, 128], [256]],
      "Input type": ["c10::BFloat16"] * 3, "External id": 1}},

@@ -4,9 +4,15 @@ A trace exported with ``torch.profiler.profile(..., record_shapes=True).export_c
 ``traceEvents``; CPU operators have ``cat == "cpu_op"`` with ``args["Input Dims"]``, ``args["Input type"]``
 and ``args["External id"]``; GPU kernels have ``cat == "kernel"`` and carry the launching operator's
 ``External id`` (and a ``correlation`` id shared with the ``cuda_runtime`` launch event). A kernel is
-attributed to the innermost CPU operator with its External id, falling back to the operator whose time span
-contains the launch (the rule Vidur's tracer uses). Durations (``dur``) are microseconds (Trace Event
-Format). On a CPU-only trace there are no kernels, and leaf operators' own durations are used.
+attributed to the innermost recognised CPU operator with its External id, falling back to the operator whose
+time span contains the launch (the rule Vidur's tracer uses); a kernel launched by an operator this importer does
+not read (``aten::_flash_attention_forward``) inside an attention operator it does
+(``aten::_scaled_dot_product_flash_attention``) is that attention's, since everything such an operator launches is
+attention work. Kernels under an unread operator inside a GEMM or memory-bound one (a cast inside
+``aten::linear``) are not charged to it. Durations (``dur``) are microseconds (Trace Event
+Format). On a CPU-only trace there are no kernels, and a recognised operator's own duration is used,
+except for one that holds another of its kind (``aten::linear`` around ``aten::addmm``, ``aten::layer_norm`` around
+``aten::native_layer_norm``): the inner one is the measurement, the outer one the same work plus dispatch.
 
 Recognised operators: ``aten::mm``/``addmm``/``bmm``/``linear``/``matmul`` (GEMM), scaled-dot-product
 attention forward and backward of the flash (FlashAttention-2), cuDNN and CPU backends (attention, named for
@@ -262,6 +268,7 @@ def import_torch_trace(
             comms.setdefault(ext, op)
     # Each operator's shape, FLOPs and bytes, worked out once (kernels look their owners up here).
     shapes = {id(op): c for op in ops if (c := _classify(op)) is not None}
+    parent = _parents(ops)
     op_time: dict[int, float] = defaultdict(float)
     comm_rows: list[tuple[str, float, float, int, tuple[int, ...]]] = []
     unnamed_comms = unsized_comms = 0
@@ -282,13 +289,22 @@ def import_torch_trace(
         ext = _ext_id(kern)
         owners = by_ext.get(ext) or [o for o in ops if o["ts"] <= kern["ts"] <= o["ts"] + o["dur"]]
         recognised = [o for o in owners if id(o) in shapes]
+        if not recognised:
+            # Launched by an operator the importer does not read: an attention operator around it owns it.
+            around = [a for o in owners if (a := _recognised_ancestor(o, parent, shapes)) is not None]
+            recognised = [a for a in around if shapes[id(a)]["kind"] == "attention"]
         if recognised:
             owner = min(recognised, key=lambda o: o["dur"])  # innermost recognised operator
             op_time[id(owner)] += float(kern["dur"])
     if not kernels:
-        # CPU-only trace: a recognised operator's own duration is its time.
+        # CPU-only trace: a recognised operator's own duration is its time, unless it holds one of its own kind.
+        outer = set()
         for op in ops:
-            if id(op) in shapes:
+            a = _recognised_ancestor(op, parent, shapes) if id(op) in shapes else None
+            if a is not None and shapes[id(a)]["kind"] == shapes[id(op)]["kind"]:
+                outer.add(id(a))
+        for op in ops:
+            if id(op) in shapes and id(op) not in outer:
                 op_time[id(op)] += float(op["dur"])
     groups: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     info: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -386,6 +402,35 @@ def _count(value: Any) -> int:
     except (TypeError, ValueError):
         return 0
     return int(number) if math.isfinite(number) and 0 <= number <= 2**53 else 0
+
+
+def _parents(ops: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Each operator's enclosing operator on its thread (``id(op)`` to the parent), from the spans: operators of one
+    thread nest (Kineto records the dispatcher's call stack as nested spans)."""
+    threads: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for op in ops:
+        threads[(str(op.get("pid")), str(op.get("tid")))].append(op)
+    parent: dict[int, dict[str, Any]] = {}
+    for thread in threads.values():
+        stack: list[dict[str, Any]] = []
+        for op in sorted(thread, key=lambda o: (o["ts"], -o["dur"])):
+            end = op["ts"] + op["dur"]
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] < end:
+                stack.pop()
+            if stack:
+                parent[id(op)] = stack[-1]
+            stack.append(op)
+    return parent
+
+
+def _recognised_ancestor(
+    op: dict[str, Any], parent: dict[int, dict[str, Any]], shapes: dict[int, Any]
+) -> dict[str, Any] | None:
+    """The nearest operator around ``op`` that the importer reads, or None."""
+    up = parent.get(id(op))
+    while up is not None and id(up) not in shapes:
+        up = parent.get(id(up))
+    return up
 
 
 def _comm_scope(given: str, members: tuple[int, ...], host_gpus: int) -> tuple[str, str]:

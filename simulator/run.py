@@ -905,7 +905,9 @@ def _pipeline_input(
         tail = 0.0
         if graph.model.tied_embeddings and plan.pp > 1 and s in (0, plan.pp - 1):
             size = grad_b * graph.model.vocab * graph.model.hidden / layout.tp.size
-            group = place("embedding", 2, layout.pp.stride * (plan.pp - 1), cluster, offsets=layout.pp.stride)
+            group = place(
+                "embedding", 2, layout.pp.stride * (plan.pp - 1), cluster, offsets=layout.pp.stride, world=plan.num_gpus
+            )
             tail = comm.time(Comm("embedding_grad_all_reduce", "all_reduce", group, size, "dp"))
         stages.append(
             StageInput(
@@ -925,7 +927,7 @@ def _pipeline_input(
     act = 2.0 * layout.micro_batch * layout.seq_len / layout.cp.size * graph.model.hidden
     if layout.sequence_parallel:
         act /= layout.tp.size
-    hops = _hops_on_network(layout.pp)
+    hops = _hops_on_network(layout.pp, cluster.job_domain_gpus(plan.num_gpus))
     sends = _hop_send_times(comm, layout.pp, act, hops)
     pipe = PipelineInput(
         stages=tuple(stages),
@@ -943,15 +945,23 @@ def _pipeline_input(
     return pipe, hw_flops
 
 
-def _hops_on_network(pp: Group) -> tuple[bool, ...]:
-    """Whether the hop from stage s to stage (s+1) mod p leaves the NVLink domain (ranks ordered as Megatron's:
-    consecutive stages are ``stride`` ranks apart, ``per_domain`` of them share a domain). The wrap from the last
-    stage back to stage 0 (interleaved schedules) leaves it whenever the pipeline spans several domains, also
-    where p is not a multiple of ``per_domain`` (p 6 with 4 stages a node: stages 4 and 5 sit on the second)."""
+def _hops_on_network(pp: Group, domain: int) -> tuple[bool, ...]:
+    """Whether the hop from stage s to stage (s+1) mod p leaves the NVLink domain (``domain`` consecutive ranks) for
+    any of the pipelines: consecutive stages are ``stride`` ranks apart (Megatron's order), and the pipelines start
+    at ranks 0 … stride − 1. Ranks x and x + d (0 < d < domain) sit in different domains for some x in
+    [a, a + stride) exactly when a multiple of ``domain`` lies in (a, a + stride − 1 + d]. The wrap from the last
+    stage back to stage 0 (interleaved schedules) counts too: with p 6 and 4 stages a node, stages 4 and 5 sit on
+    the second node, and with 16-GPU stages in 72-GPU racks, stage 4 straddles racks 0 and 1."""
     if pp.size <= 1:
         return ()
+    stride = pp.stride
+
+    def crosses(a: int, b: int) -> bool:
+        a, b = min(a, b), max(a, b)
+        return b - a >= domain or (b + stride - 1) // domain > a // domain
+
     last = pp.size - 1
-    return tuple(pp.domains > 1 and (s == last or (s + 1) % pp.per_domain == 0) for s in range(pp.size))
+    return tuple(crosses(s * stride, ((s + 1) % pp.size) * stride) for s in range(last + 1))
 
 
 def _hop_send_times(comm: CommModel, pp: Group, size: float, hops: tuple[bool, ...]) -> tuple[float, ...]:

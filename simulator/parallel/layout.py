@@ -9,6 +9,7 @@ slowest tier dominates (Design: Physics, Collectives).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -61,14 +62,20 @@ class Group:
         return self.domains > 1
 
 
-def place(name: str, size: int, stride: int, cluster: ClusterSpec, offsets: int | None = None) -> Group:
+def place(
+    name: str, size: int, stride: int, cluster: ClusterSpec, offsets: int | None = None, world: int | None = None
+) -> Group:
     """Place a group of ``size`` ranks with rank ``stride`` on the cluster.
 
-    The groups of one kind start at ranks ``0 … offsets − 1`` (default ``stride``: the tp-cp-ep-dp-pp
-    groups) and domains hold consecutive ranks. Where ``stride`` neither reaches across a domain nor
-    divides it, the group spans as many domains as the worst-placed group of its family does; the tied
-    embedding's group (first and last pipeline stage: ``stride`` = (pp − 1) × the pipeline stride, offsets
-    = the pipeline stride) is such a case.
+    The groups of one kind (its *family*) start at ranks ``b · size · stride + j`` for ``j`` in ``0 … offsets − 1``
+    (default ``stride``) and every ``b`` inside ``world`` ranks (default: one block, ``b`` = 0): Megatron's
+    tp-cp-ep-dp-pp order tiles the job with them. Domains hold consecutive ranks, as many as the cluster lays on one
+    (:meth:`ClusterSpec.job_domain_gpus`: on GB200 NVL72 a 256-GPU job sits 64 GPUs a rack). The group is described
+    by the worst-placed one of its family (the fewest members in one of its domains, then the most domains): the
+    step waits for that one. A group need not start at a domain's first rank: 16 expert-parallel ranks at 64 … 79 of
+    72-GPU NVL72 racks sit 8 and 8 in two racks, and the stage at ranks 128 … 255 of a 2-stage pipeline starts 56
+    ranks into a rack. The tied embedding's group (first and last pipeline stage: ``stride`` = (pp − 1) × the
+    pipeline stride, offsets = the pipeline stride) is a family of one block.
 
     >>> from simulator.specs.hardware import ClusterSpec, DeviceSpec
     >>> dev = DeviceSpec(name="d", peak_flops=(("bf16", 1e15),), hbm_bytes=8e10, hbm_bandwidth_bytes_per_s=3e12)
@@ -80,35 +87,38 @@ def place(name: str, size: int, stride: int, cluster: ClusterSpec, offsets: int 
     >>> g = place("embedding", 2, 6, c, offsets=2)  # pp 4 over dp 2: ranks 0 and 6, or 1 and 7, one node
     >>> (g.per_domain, g.domains)
     (2, 1)
+    >>> g = place("tp", 6, 1, c, world=48)  # ranks 6 ... 11: two on the first node, four on the second
+    >>> (g.per_domain, g.domains, g.fewest_per_domain)
+    (4, 2, 2)
     """
-    domain = cluster.nvlink_domain_gpus
     if size <= 1:
         return Group(name, 1, stride, 1, 1)
-    if stride >= domain or domain % stride == 0:
-        per_domain = 1 if stride >= domain else min(size, domain // stride)
-        domains = -(-size // per_domain)
-        # Aligned: every domain but the last holds per_domain members, the last what is left.
-        return Group(name, size, stride, per_domain, domains, size - (domains - 1) * per_domain)
-    # stride < domain: consecutive members are less than a domain apart, so the group covers every domain
-    # from its first member's to its last one's; the family's last group starts latest.
-    first = max((offsets or stride) - 1, 0)
-    domains = (first % domain + (size - 1) * stride) // domain + 1
-    per_domain = size if domains == 1 else max(1, min(size, domain // stride))
-    return Group(name, size, stride, per_domain, domains, _fewest_in_a_domain(size, stride, domain, offsets or stride))
+    domain = cluster.job_domain_gpus(world) if world else cluster.nvlink_domain_gpus
+    most, domains, fewest = _worst_placed(size, stride, domain, offsets or stride, world or 0)
+    return Group(name, size, stride, most, domains, fewest)
 
 
-@lru_cache(maxsize=1024)
-def _fewest_in_a_domain(size: int, stride: int, domain: int, offsets: int) -> int:
-    """The fewest members that any group of the family (first ranks 0 … offsets − 1, ``size`` members ``stride``
-    apart) has in one of the NVLink domains (``domain`` consecutive ranks) it touches."""
-    fewest = size
-    for first in range(offsets):
+@lru_cache(maxsize=4096)
+def _worst_placed(size: int, stride: int, domain: int, offsets: int, world: int) -> tuple[int, int, int]:
+    """(most members in one domain, domains, fewest members in one domain) of the worst-placed group of the family
+    (:func:`place`): the fewest members in a domain first, then the most domains. A group's placement depends only
+    on its first rank modulo ``domain``, so at most ``domain`` first ranks are looked at, each in
+    O(domains it touches)."""
+    if stride >= domain:
+        return 1, size, 1  # every member in a domain of its own
+    span = size * stride
+    blocks = max(1, min(world, span * domain // math.gcd(span, domain)) // span)
+    starts = sorted({(b * span + j) % domain for b in range(min(blocks, domain)) for j in range(min(offsets, domain))})
+    worst: tuple[int, int, int] = (size + 1, 0, 0)
+    for first in starts:
         last = first + (size - 1) * stride
+        counts = []
         for d in range(first // domain, last // domain + 1):
             lo, hi = max(d * domain, first), min((d + 1) * domain - 1, last)
-            count = (hi - first) // stride - (lo - first + stride - 1) // stride + 1
-            fewest = min(fewest, count)
-    return max(fewest, 1)
+            counts.append((hi - first) // stride - (lo - first + stride - 1) // stride + 1)
+        worst = min(worst, (min(counts), -len(counts), -max(counts)))
+    fewest, domains, most = worst[0], -worst[1], -worst[2]
+    return most, domains, fewest
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +167,7 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
     free = plan.free_knobs
     assert not free, f"knobs still free at layout time: {free} (run.simulate resolves them first)"
     tp, pp, dp, cp, ep = plan.tp, plan.pp, plan.dp, plan.cp, plan.ep
+    world = tp * cp * dp * pp
     seq_len = plan.seq_len or model.seq_len
     mb = plan.micro_batch
     assert mb is not None
@@ -280,13 +291,13 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
         grad_overlap=bool(plan.grad_overlap),
         tp_overlap=bool(plan.tp_overlap),
         seq_len=seq_len,
-        tp=place("tp", tp, 1, cluster),
-        cp=place("cp", cp, tp, cluster),
+        tp=place("tp", tp, 1, cluster, world=world),
+        cp=place("cp", cp, tp, cluster, world=world),
         # Expert ranks are ordered etp-ep-edp inside a stage (Megatron-Core's expert rank generator).
-        ep=place("ep", ep, etp, cluster),
-        dp=place("dp", dp * cp, tp, cluster),
-        edp=place("edp", tp * dp * cp // (ep * etp), etp * ep, cluster),
-        pp=place("pp", pp, tp * cp * dp, cluster),
+        ep=place("ep", ep, etp, cluster, world=world),
+        dp=place("dp", dp * cp, tp, cluster, world=world),
+        edp=place("edp", tp * dp * cp // (ep * etp), etp * ep, cluster, world=world),
+        pp=place("pp", pp, tp * cp * dp, cluster, world=world),
         etp=etp,
         expert_load=expert_load(plan, model),
     )

@@ -26,6 +26,10 @@ TOPOLOGIES = ("rail_optimized", "fat_tree")
 # bandwidth) or as a direct mesh (AMD Infinity Fabric, DGX-1's NVLink cube-mesh: a GPU reaches each peer over
 # its own links, so a group of k uses k - 1 of the n - 1 peer links; communication.CommModel).
 NVLINK_TOPOLOGIES = ("switch", "mesh")
+# How a job's nodes are laid on NVLink domains that span several nodes (GB200 NVL72): ``segments`` (equal blocks of
+# nodes, each inside one domain: Slurm's --segment with the topology/block plugin, which NVIDIA's Megatron-Bridge
+# launcher sets on 4-GPU nodes, scripts/performance/utils/executors.py) or ``packed`` (domains filled in rank order).
+DOMAIN_ALLOCATIONS = ("segments", "packed")
 # The longest per-hop latency a cluster may state: PyTorch's default NCCL process-group timeout, 10 minutes
 # (pytorch/pytorch PR #110947, "Change ProcessGroupNCCL default timeout to 10 min"). A collective step slower than
 # that is aborted by the watchdog, so no cluster that trains can have it; anything above is a typo.
@@ -80,6 +84,7 @@ _CLUSTER_KEYS = (
     "nvls",
     "nvlink_domain_gpus",
     "nvlink_topology",
+    "domain_allocation",
     "nics_per_node",
     "nic_bandwidth_gbit_per_s",
     "topology",
@@ -210,7 +215,9 @@ class ClusterSpec:
     ``nvlink_domain_gpus`` is how many GPUs share one NVLink domain (8 for a DGX, 72 for GB200 NVL72).
     ``nvlink_topology`` is ``switch`` (NVSwitch) or ``mesh`` (direct peer links: ``nvlink_bandwidth`` is then
     the all-links figure, of which a group of k GPUs uses (k − 1) / (domain − 1), a point-to-point transfer 1).
-    ``topology`` describes the network (``rail_optimized`` or ``fat_tree``); both are modelled as non-blocking, and
+    ``domain_allocation`` says how a job's nodes sit on a domain of several nodes (:data:`DOMAIN_ALLOCATIONS`,
+    :meth:`job_domain_gpus`). ``topology`` describes the network (``rail_optimized`` or ``fat_tree``); both are
+    modelled as non-blocking, and
     ``oversubscription`` is what slows it. ``intra_node_latency_s`` bounds NVLink collectives from below per step
     where they run on the default curves (measured curves carry their own latency), and is the latency of the steps
     inside a node of a collective across nodes, whose steps between nodes take ``inter_node_latency_s`` (NCCL's
@@ -224,6 +231,7 @@ class ClusterSpec:
     nvls: bool = False
     nvlink_domain_gpus: int = 0  # 0 means gpus_per_node
     nvlink_topology: str = "switch"
+    domain_allocation: str = "segments"
     nics_per_node: int
     nic_bandwidth_bytes_per_s: float
     topology: str = "rail_optimized"
@@ -242,7 +250,10 @@ class ClusterSpec:
         check_scalar_types(self)
         if not isinstance(self.device, DeviceSpec):
             raise SpecError("device", f"must be a DeviceSpec, got {type(self.device).__name__}", "load_device(name)")
-        check_choices(self, {"topology": TOPOLOGIES, "nvlink_topology": NVLINK_TOPOLOGIES})
+        check_choices(
+            self,
+            {"topology": TOPOLOGIES, "nvlink_topology": NVLINK_TOPOLOGIES, "domain_allocation": DOMAIN_ALLOCATIONS},
+        )
         check_positive(self, ("nvlink_bandwidth_bytes_per_s", "nic_bandwidth_bytes_per_s"), "give the datasheet figure")
         check_ranges(self, {"gpus_per_node": 1, "nics_per_node": 1, "nvlink_domain_gpus": 0, "max_gpus": 1})
         check_ranges(self, {"oversubscription": 1.0}, "1 is a non-blocking fabric")
@@ -283,6 +294,26 @@ class ClusterSpec:
         if self.fabric_calibration is not None:
             names.append(f"{self.fabric_calibration.name} (NVLink collectives, same fabric)")
         return " + ".join(names)
+
+    def job_domain_gpus(self, num_gpus: int) -> int:
+        """How many consecutive ranks of a ``num_gpus`` job share one NVLink domain: the domain itself where it is one
+        node, or with ``packed`` allocation; with ``segments`` the job's nodes come in equal segments, each inside one
+        domain, of all its nodes when they fit one domain, else of the most nodes a domain holds that divide the job's
+        node count (Megatron-Bridge's rule for Slurm's --segment: 64 trays of GB200 NVL72 in 4 segments of 16, i.e.
+        64 GPUs a rack, not 72, 72, 72 and 40; a prime count of trays, segments of one).
+
+        >>> from simulator.specs.library import load_cluster
+        >>> nvl72 = load_cluster("gb200-nvl72")
+        >>> nvl72.job_domain_gpus(256), nvl72.job_domain_gpus(576), nvl72.job_domain_gpus(32)
+        (64, 72, 32)
+        """
+        domain = self.nvlink_domain_gpus
+        if domain == self.gpus_per_node or self.domain_allocation == "packed":
+            return domain
+        nodes = max(1, -(-num_gpus // self.gpus_per_node))
+        per_domain = domain // self.gpus_per_node
+        segment = nodes if nodes <= per_domain else max(k for k in range(1, per_domain + 1) if nodes % k == 0)
+        return segment * self.gpus_per_node
 
     @property
     def nic_bandwidth_per_gpu_bytes_per_s(self) -> float:
@@ -335,6 +366,7 @@ class ClusterSpec:
             "nvls": f.boolean("nvls", False),
             "nvlink_domain_gpus": f.integer("nvlink_domain_gpus", 0, minimum=1),
             "nvlink_topology": f.choice("nvlink_topology", NVLINK_TOPOLOGIES, "switch"),
+            "domain_allocation": f.choice("domain_allocation", DOMAIN_ALLOCATIONS, "segments"),
             "nics_per_node": f.integer("nics_per_node", minimum=1),
             "nic_bandwidth_bytes_per_s": f.scaled(
                 "nic_bandwidth_gbit_per_s",

@@ -140,9 +140,58 @@ def test_the_interleaved_wrap_hop_leaves_the_node_when_pp_is_not_a_multiple_of_t
     from simulator.run import _hops_on_network
 
     cluster = load_cluster("dgx-h100")
-    assert _hops_on_network(place("pp", 6, 2, cluster)) == (False, False, False, True, False, True)
-    assert _hops_on_network(place("pp", 8, 2, cluster)) == (False, False, False, True) * 2
-    assert _hops_on_network(place("pp", 4, 2, cluster)) == (False,) * 4
+    assert _hops_on_network(place("pp", 6, 2, cluster), 8) == (False, False, False, True, False, True)
+    assert _hops_on_network(place("pp", 8, 2, cluster), 8) == (False, False, False, True) * 2
+    assert _hops_on_network(place("pp", 4, 2, cluster), 8) == (False,) * 4
+    # 16-GPU stages in 72-GPU NVL72 racks: stage 4 (ranks 64-79) straddles racks 0 and 1, so hops 3 -> 4 and 4 -> 5
+    # leave the rack; 8 x 16 = 128 ranks span two racks, so the wrap does too.
+    assert _hops_on_network(place("pp", 8, 16, cluster), 72) == (False, False, False, True, True, False, False, True)
+
+
+def test_groups_that_straddle_a_domain_boundary_are_placed_across_it() -> None:
+    """Found by a review: a group was taken to start at a domain's first rank. On 72-GPU NVL72 racks expert groups of
+    16 at ranks 64-79 sit 8 and 8 in two racks, and tp 6 on 8-GPU nodes puts ranks 6-11 on two nodes; both were
+    placed in one domain (a 576-GPU Qwen3-235B plan ran its all-to-alls over NVLink: 2.2 s per step instead of about
+    5 s). Only the first pipeline stage's groups were looked at, too: with 128-GPU stages the second starts 56 ranks
+    into a rack, and a data-parallel group of 16 at stride 8 has one member in one of its racks there."""
+    nvl72, a100 = load_cluster("gb200-nvl72"), load_cluster("dgx-a100-80g")
+    packed = replace(nvl72, domain_allocation="packed")  # racks filled in rank order
+    ep = place("ep", 16, 1, nvl72, world=576)  # 144 trays: segments of 18, whole racks
+    assert (ep.per_domain, ep.domains, ep.fewest_per_domain) == (8, 2, 8)
+    assert place("ep", 16, 1, nvl72).domains == 1  # the first block alone (ranks 0-15) fits one rack
+    tp6 = place("tp", 6, 1, a100, world=768)
+    assert (tp6.per_domain, tp6.domains, tp6.fewest_per_domain) == (4, 2, 2)
+    assert place("dp", 16, 8, packed, world=128).fewest_per_domain == 7  # one stage: racks of 9 and 7
+    assert place("dp", 16, 8, packed, world=512).fewest_per_domain == 1  # four stages: ranks 128... start mid-rack
+    assert place("tp", 8, 1, nvl72, world=576).domains == 1  # 8 divides 72: no group straddles
+    assert place("tp", 8, 1, a100, world=4096) == place("tp", 8, 1, a100)
+
+
+def test_a_job_on_nvl72_racks_sits_in_equal_segments_as_megatron_bridge_launches_it() -> None:
+    """Megatron-Bridge's launcher asks Slurm for segments of the most trays a rack holds that divide the job's tray
+    count (scripts/performance/utils/executors.py): 256 GPUs are 4 racks of 64, so expert groups of 32 never leave a
+    rack. Packed into 72, 72, 72 and 40, the group at ranks 64-95 would run 8 and 24 across two racks; its
+    Qwen3-235B runs on 256 GB200s (Megatron-Bridge's tables) were then timed 2.7x slow."""
+    nvl72 = load_cluster("gb200-nvl72")
+    assert [nvl72.job_domain_gpus(n) for n in (8, 72, 76, 256, 512, 576, 1024)] == [8, 72, 4, 64, 64, 72, 64]
+    assert not place("ep", 32, 1, nvl72, world=256).crosses_network
+    assert place("ep", 32, 1, replace(nvl72, domain_allocation="packed"), world=256).fewest_per_domain == 8
+    assert load_cluster("dgx-h100").job_domain_gpus(1024) == 8  # one-node domains: the node
+
+
+def test_a_resolved_layout_places_its_groups_over_the_whole_job() -> None:
+    """resolve_layout passes the job's size, so every stage's groups are placed (the expert groups of a 576-GPU
+    NVL72 plan cross racks)."""
+    from simulator.parallel.layout import resolve_layout
+    from simulator.specs import load_model
+    from simulator.specs.plan import PlanSpec
+
+    plan = PlanSpec(
+        tp=1, pp=4, dp=144, ep=16, global_batch=2304, micro_batch=1, sequence_parallel=False, vp=1, recompute="full"
+    ).with_(grad_overlap=True)
+    layout = resolve_layout(load_model("qwen3-235b-a22b"), load_cluster("gb200-nvl72"), plan)
+    assert layout.ep.crosses_network
+    assert layout.ep.fewest_per_domain == 8
 
 
 @pytest.mark.parametrize(("ranks", "links"), [(2, 1), (4, 3), (8, 7)])

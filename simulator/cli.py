@@ -418,7 +418,7 @@ def _result_table(r: Any, train: dict[str, float] | None = None, tokens: float |
         )
     if r.uncalibrated_ops:
         lines.append("")
-        lines.append("uncalibrated (default curves): " + ", ".join(r.uncalibrated_ops))
+        lines.append("uncalibrated (default curves or stand-ins): " + ", ".join(r.uncalibrated_ops))
     if r.calibration:
         lines.append(f"calibration table: {r.calibration}")
     return "\n".join(lines)

@@ -111,8 +111,11 @@ class CommModel:
                 continue
             curve = table.bandwidth_curve(collective, "domain", ranks)
             if curve is None and collective in ("all_gather", "reduce_scatter", "all_to_all"):
-                # Same ring traffic pattern as half an all-reduce (nccl-tests PERFORMANCE.md).
+                # Same ring traffic pattern as half an all-reduce (nccl-tests PERFORMANCE.md): measured on this fabric,
+                # but for another collective, which the result says (an all-to-all is not a ring).
                 curve = table.bandwidth_curve("all_reduce", "domain", ranks)
+                if curve is not None:
+                    self.uncalibrated.add(f"{collective}:domain:all_reduce_curve")
             if curve is not None:
                 ref = curve.reference_bandwidth_bytes_per_s  # set when a what-if changed the measured fabric
                 return curve, (self.cluster.nvlink_bandwidth_bytes_per_s / ref if ref else 1.0), True
@@ -139,6 +142,8 @@ class CommModel:
         curve, scale, measured = self._domain_curve(collective, ranks)
         if collective == "all_reduce" and self.cluster.nvls and ranks > 4:
             scale *= NVLS_GAIN.get(ranks, NVLS_GAIN[8])
+            if measured:  # the NVLS gain is NCCL's maintainers' figure, not part of the measured (ring) curve
+                self.uncalibrated.add("all_reduce:domain:nvls_gain")
         if self.cluster.nvlink_topology == "mesh":
             # Direct peer links: a group of k reaches its peers over k - 1 of the domain's n - 1 links, and a
             # point-to-point transfer (a pipeline hop, a context-parallel ring step) over the one link to its peer.

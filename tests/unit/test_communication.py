@@ -347,3 +347,21 @@ def test_a_group_unevenly_spread_over_racks_is_paced_by_the_emptiest_rack() -> N
     h100 = load_cluster("dgx-h100")
     assert place("dp", 64, 8, h100).fewest_per_domain == 1 == place("dp", 64, 8, h100).per_domain
     assert place("dp", 32, 2, h100).fewest_per_domain == 4 == place("dp", 32, 2, h100).per_domain
+
+
+def test_collectives_timed_on_a_stand_in_say_so() -> None:
+    """Found by a review: the H100 table measures all-reduce only, and all-gathers, reduce-scatters and all-to-alls
+    timed on its curve (the same ring traffic, an all-to-all not even that) were reported as calibrated, as was an
+    8-GPU all-reduce sped up 30% by NVLS, a gain no curve of the table measured."""
+    cluster = load_cluster("dgx-h100")
+    tp8 = place("tp", 8, 1, cluster)
+    for collective in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce"):
+        model = _model(cluster)
+        model.time(Comm("c", collective, tp8, SIZE, "tp"))
+        expected = (
+            {"all_reduce:domain:nvls_gain"} if collective == "all_reduce" else {f"{collective}:domain:all_reduce_curve"}
+        )
+        assert model.uncalibrated == expected
+    model = _model(cluster)
+    model.time(Comm("c", "all_reduce", place("tp", 4, 1, cluster), SIZE, "tp"))  # no NVLS gain up to 4 GPUs
+    assert model.uncalibrated == set()

@@ -446,6 +446,7 @@ def default_table(
     compute: list[EfficiencyCurve] = []
     for kind in COMPUTE_OPS:
         shifted: list[tuple[EfficiencyCurve, float]] = []
+        sources: list[str] = []  # the tables that measured this class (the H100 table alone has cuDNN attention)
         for table, device, _ in measured:
             for curve in table.compute:
                 if curve.op != kind or curve.precision not in ("fp16", "bf16", "any"):
@@ -453,6 +454,8 @@ def default_table(
                 # Memory-bound classes (and their backward curves) are read at bytes / HBM bandwidth
                 # (cost.compute), so they are shifted by the bandwidth, not by a FLOP/s peak.
                 shifted.append((curve, math.log10(device.curve_rate(curve))))
+                if table.name not in sources:
+                    sources.append(table.name)
         if not shifted:
             continue
         lo = min(c.log10_size[0] - off for c, off in shifted)
@@ -475,29 +478,33 @@ def default_table(
                 log10_size=tuple(xs_out),
                 efficiency=tuple(ys_out),
                 axis="ideal_seconds",
-                samples=sum(c.samples for t, _, _ in measured for c in t.compute if c.op == kind),
-                source="median of " + ", ".join(t.name for t, _, _ in measured),
+                samples=sum(c.samples for c, _ in shifted),
+                source="median of " + ", ".join(sources),
             )
         )
     bands: list[BandwidthCurve] = []
-    groups: dict[tuple[str, int], list[tuple[BandwidthCurve, float]]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[tuple[BandwidthCurve, float, str]]] = defaultdict(list)
     for table, _, nvlink in measured:
         for band in table.collectives:
             if band.scope == "domain":
-                groups[(band.collective, band.ranks)].append((band, nvlink))
+                groups[(band.collective, band.ranks)].append((band, nvlink, table.name))
     for (collective, ranks), items in sorted(groups.items()):
-        lo = min(c.log2_bytes[0] for c, _ in items)
-        hi = max(c.log2_bytes[-1] for c, _ in items)
+        lo = min(c.log2_bytes[0] for c, _, _ in items)
+        hi = max(c.log2_bytes[-1] for c, _, _ in items)
+        # Half-octave steps, and the largest message measured (the steps alone stopped short of it: a send/recv
+        # curve measured to 57 MB ended at 41 MB).
         grid = [lo + i * 0.5 for i in range(int((hi - lo) / 0.5) + 1)]
+        if hi > grid[-1] + 1e-9:
+            grid.append(hi)
         fractions = monotone_time(
             grid,
-            [statistics.median(c.at(2.0**g) / bw for c, bw in items) for g in grid],
+            [statistics.median(c.at(2.0**g) / bw for c, bw, _ in items) for g in grid],
             2.0,
         )
         # Stated on a fabric of the sources' median NVLink bandwidth, so that a curve is seconds on a real fabric:
         # another cluster scales its bandwidth part, while its small messages keep the latency they were measured
         # with (CommModel._domain_time; NVLink latency does not follow link bandwidth).
-        reference = statistics.median(bw for _, bw in items)
+        reference = statistics.median(bw for _, bw, _ in items)
         bands.append(
             BandwidthCurve(
                 collective=collective,
@@ -505,8 +512,8 @@ def default_table(
                 ranks=ranks,
                 log2_bytes=tuple(round(g, 4) for g in grid),
                 busbw_bytes_per_s=tuple(sig(f * reference / GB) * GB for f in fractions),
-                samples=sum(c.samples for c, _ in items),
-                source=f"median fraction of NVLink bandwidth of {', '.join(sorted({t.name for t, _, _ in measured}))}, "
+                samples=sum(c.samples for c, _, _ in items),
+                source=f"median fraction of NVLink bandwidth of {', '.join(sorted({name for _, _, name in items}))}, "
                 f"at their median NVLink bandwidth",
                 reference_bandwidth_bytes_per_s=reference,
             )

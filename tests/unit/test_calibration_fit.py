@@ -391,3 +391,24 @@ def test_fit_refuses_rows_measured_on_another_device(tmp_path: Path) -> None:
         assert "--device must name the device" in str(err.value)
     result = fit_files([tmp_path / "h100.csv"], name="t", device=load_device("H100-SXM5-80GB"), holdout_every=0)
     assert result.table.compute_curve("gemm", "bf16") is not None
+
+
+def test_the_shipped_default_table_names_only_the_tables_each_curve_came_from() -> None:
+    """Found by a review: every default compute curve said "median of a100-sxm4-80gb, h100-sxm5-80gb", though cuDNN
+    and causal attention were measured on H100 alone, and each collective curve stopped at the last half-octave below
+    the largest message measured (send/recv at 41 MB of 57 MB)."""
+    from simulator.specs.library import load_calibration
+
+    default = load_calibration("default")
+    a100, h100 = load_calibration("a100-sxm4-80gb"), load_calibration("h100-sxm5-80gb")
+    for curve in default.compute:
+        measured_on = [t.name for t in (a100, h100) if any(c.op == curve.op for c in t.compute)]
+        assert curve.source == "median of " + ", ".join(measured_on)
+    for band in default.collectives:
+        tops = [
+            c.log2_bytes[-1]
+            for t in (a100, h100)
+            for c in t.collectives
+            if (c.collective, c.scope, c.ranks) == (band.collective, band.scope, band.ranks)
+        ]
+        assert band.log2_bytes[-1] == pytest.approx(max(tops), abs=1e-3)

@@ -49,6 +49,7 @@ import math
 import re
 import warnings
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -248,6 +249,7 @@ def _cell(row: pd.Series, col: str) -> Any:
 
 # A number as a CSV cell writes one: ASCII digits, an optional sign, point and exponent. Python's float() also
 # takes "1_000", "inf" and other scripts' digits, which in a measured-runs file are typing errors.
+_MAX_WHOLE = 2**53
 _NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
@@ -280,11 +282,14 @@ def _positive_or_none(row: pd.Series, col: str, where: str, empty_means: str) ->
 
 
 def _int_or_none(row: pd.Series, col: str, where: str) -> int | None:
-    """``_int`` for a cell that only labels the row: None where the cell is not a whole number."""
+    """``_int`` for a cell that only labels the row: None where the cell is not a whole number, or one past 2^53,
+    where a float no longer counts whole numbers (1e23 reads as 99999999999999991611392) and a column of them
+    overflows the 64-bit integers of the CSV and Parquet output (the row's own reading reports the cell)."""
     try:
-        return _int(row, col, where)
+        value = _int(row, col, where)
     except SpecError:
         return None
+    return value if value is None or abs(value) <= _MAX_WHOLE else None
 
 
 def _required_int(row: pd.Series, col: str, where: str) -> int:
@@ -328,11 +333,12 @@ def _measured(row: pd.Series, where: str) -> tuple[float, SpecError | None]:
 MIN_MEASURED_S = 1e-6
 
 
-def _row_rules(model: ModelSpec, plan: PlanSpec, row: pd.Series, where: str) -> None:
+def _row_rules(model: ModelSpec, plan: PlanSpec, row: pd.Series, where: str, stack_knobs: Iterable[str] = ()) -> None:
     """Rules a run that really ran cannot break, because its framework refuses to start without them (Megatron-LM
     ``arguments.py`` and ``TransformerConfig``): a row that breaks one has a wrong cell, and is invalid, not a
-    miss. Only the row's own stated cells are checked; a free micro-batch is the validator's to choose."""
-    stated_mb = _cell(row, "micro_batch") is not None
+    miss. Only what the row states (its cells, and the knobs its software stack sets, ``stack_knobs``) is checked;
+    a free micro-batch is the validator's to choose."""
+    stated_mb = _cell(row, "micro_batch") is not None or "micro_batch" in stack_knobs
     per_step = plan.dp * (plan.micro_batch if stated_mb and plan.micro_batch else 1)
     if plan.global_batch % per_step:
         what = "dp·micro_batch" if stated_mb else "dp"
@@ -575,9 +581,11 @@ def validate_frame(
                 stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}
                 try:
                     plan, entry["stack_knobs"] = _apply_stacks(plan, matching, stated)
+                    # A stack's knob that breaks a rule the framework enforces makes the row as unrunnable as a cell.
+                    _row_rules(model, plan, row, where, entry["stack_knobs"])
                 except SpecError as err:  # the row's cells and its stack's knobs contradict each other
                     raise SpecError(
-                        f"{where}: {err.where} (set by software stack {matching[0].name!r})",
+                        f"{where}: {err.where.removeprefix(f'{where}: ')} (set by software stack {matching[0].name!r})",
                         err.what,
                         f"{err.fix}, in the row or in the stack entry; or validate with --no-stacks",
                     ) from None

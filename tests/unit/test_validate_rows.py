@@ -386,6 +386,20 @@ def test_a_row_that_contradicts_its_software_stack_names_the_stack() -> None:
     assert bad["reason"].endswith("or validate with --no-stacks")
 
 
+@pytest.mark.parametrize(("knobs", "fragment"), [({"micro_batch": 1000}, "global_batch"), ({"vp": 7}, "vp")])
+def test_a_stack_knob_that_the_framework_would_refuse_makes_the_row_invalid(
+    knobs: dict[str, object], fragment: str
+) -> None:
+    """Found by a CLI review: a stack setting micro_batch 1000 (global batch not a multiple of dp·1000) or vp 7 at
+    pp 1 left the row a feasible-looking miss, 'infeasible' with exit 0, where the same value in a cell is invalid."""
+    from simulator.validate import Stack
+
+    stack = Stack(match="NVIDIA", name="s", model="Tiny", knobs=knobs, override=(), evidence="e")
+    (bad,) = validate_frame(pd.DataFrame([_row(micro_batch=None)]), "f.csv", stacks=(stack,)).rows
+    assert bad["invalid"], bad
+    assert bad["reason"].startswith(f"f.csv: line 2 (r1): {fragment} (set by software stack 's')"), bad["reason"]
+
+
 @pytest.mark.parametrize(
     ("changes", "fragment"),
     [
@@ -548,3 +562,15 @@ def test_rows_are_grouped_by_the_cluster_and_precision_they_ran_on() -> None:
     report = validate_frame(pd.DataFrame(rows), "t.csv")
     assert list(report.summary["by_cluster"]) == ["dgx-h100"]
     assert report.summary["spearman_groups"] == 1
+
+
+@pytest.mark.parametrize("cell", ["99999999999999999999999", "1e308", "-1e19", "18446744073709551617"])
+def test_counts_beyond_two_to_the_53_are_invalid_and_every_format_writes_them(cell: str) -> None:
+    """Found by a CLI review: a num_gpus or global_batch of 1e23 read as 99999999999999991611392 (a float's rounding),
+    and --format csv / --out then crashed casting it to 64 bits (OverflowError, a traceback and exit 1)."""
+    frame = pd.DataFrame([_row(num_gpus=cell), _row(run_id="r2", global_batch=cell)], dtype=object)
+    report = validate_frame(frame, "t.csv")
+    assert [r["invalid"] for r in report.rows] == [True, True]
+    assert "num_gpus" in report.rows[0]["reason"]
+    assert "global_batch" in report.rows[1]["reason"]
+    assert report.rows_frame()["num_gpus"].isna().tolist() == [True, False]

@@ -30,7 +30,13 @@ EXIT_INTERNAL = 1
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors in clustersim's one-line style."""
+    """argparse that reports errors in clustersim's one-line style and takes no abbreviated options (``--global 8``
+    had been read as ``--global-batch 8``, and a later flag starting the same would have changed what it means). An
+    option given twice takes its last value, as in most command lines (a shell alias of base flags, then one)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"error: {self.prog}: {message}; see '{self.prog} --help'\n")
@@ -138,6 +144,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
+    from simulator.specs._fields import did_you_mean
     from simulator.specs._yaml import load_yaml_file
     from simulator.specs.plan import PlanSpec
 
@@ -177,6 +184,15 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
     data.update(flags)  # the command line overrides the plan file
     data.update(overrides)
     if "global_batch" not in data:
+        # A mistyped key first: 'global_bach: 1536' in a plan file is the typo, not a missing flag.
+        known = (*PlanSpec.field_names(), "gpus", "name", "description")
+        for key in data:
+            if key not in known:
+                raise SpecError(
+                    f"{where}: {key}",
+                    f"unknown key{did_you_mean(str(key), sorted(known))}",
+                    f"remove it or use one of: {', '.join(sorted(known))}",
+                )
         raise SpecError("--global-batch", "is required", "give the sequences per optimizer step")
     return PlanSpec.from_mapping(data, where)
 

@@ -717,6 +717,9 @@ def validate_file(
 ) -> ValidationReport:
     """Read a validation CSV and predict every row."""
     data = _read_bytes(path)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(data) > 1 and b"\x00" in data[:2]):
+        # UTF-16 (Excel's "Unicode text"): decoded as UTF-8 it was one field per line, reported as a field count.
+        raise SpecError(str(path), "is UTF-16 text, not UTF-8", "save the file as UTF-8 (CSV UTF-8 in Excel)")
     text = data.decode("utf-8-sig", errors="replace")
     sep = _separator(text)
     header, lines, long_row = _records(path, text, sep)

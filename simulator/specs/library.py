@@ -12,6 +12,7 @@ repeated lookups (sweeps) do no I/O.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import replace
@@ -115,7 +116,7 @@ def find_file(kind: str, ref: str | Path) -> Path:
         path = Path(text).expanduser()
         if path.is_dir():
             raise SpecError(text, "is a directory, not a file", f"name the {kind} file inside it, or a built-in {kind}")
-        if not path.is_file():
+        if not path.exists():  # a pipe (<(...), /dev/stdin) is no regular file, and reads like one
             raise SpecError(text, "file not found", f"check the path, or use a built-in {kind} name")
         return path
     names = list_names(kind)
@@ -135,8 +136,16 @@ def find_file(kind: str, ref: str | Path) -> Path:
 
 
 def _stamp(path: Path) -> tuple[str, float]:
+    """The cache key of a spec file: its resolved path and modification time. A pipe (``--model <(...)``,
+    /dev/stdin) keeps its own name (resolved it is /proc/.../pipe:[n], which cannot be opened) and a key no other
+    read shares, since it can be read once and another pipe may take the same name."""
+    if not path.is_file():
+        return str(path), -float(next(_PIPE_READS))
     resolved = path.resolve()
     return str(resolved), resolved.stat().st_mtime
+
+
+_PIPE_READS = itertools.count(1)
 
 
 def load_spec_file(path: Path) -> Any:

@@ -751,3 +751,29 @@ def test_an_output_that_is_an_input_or_another_output_is_refused(
         assert says in capsys.readouterr().err
     assert {p: p.read_bytes() for p in before} == before
     assert not (tmp_path / "t.yaml").exists()
+
+
+def test_abbreviated_options_and_a_mistyped_plan_key_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a CLI review: '--global 8' was read as '--global-batch 8' (argparse's prefix matching), and a plan
+    file's 'global_bach: 1536' was reported as a missing --global-batch flag instead of the typo it is."""
+    base = ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80g", "--gpus", "8"]
+    assert main([*base, "--global-batch", "8", "--global", "16"]) == 2
+    assert "unrecognized arguments: --global 16" in capsys.readouterr().err
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("tp: 8\nglobal_bach: 1536\n")
+    assert main([*base, "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "global_bach: unknown key (did you mean 'global_batch'?)" in err
+    assert "Traceback" not in err
+
+
+def test_a_utf16_validation_csv_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a CLI review: Excel's "Unicode text" (UTF-16) decoded as UTF-8 was one field per line, reported as
+    'line 2 has 1 fields, the header 35'."""
+    rows = (ROOT / "data" / "validation" / "published_runs.csv").read_text().splitlines()[:2]
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join(rows) + "\n", encoding="utf-16")
+    assert main(["validate", str(path)]) == 2
+    assert "is UTF-16 text, not UTF-8; save the file as UTF-8" in capsys.readouterr().err

@@ -400,3 +400,29 @@ def test_a_key_set_twice_to_different_values_is_refused() -> None:
     with pytest.raises(SpecError, match="given twice, as 8 and 4"):
         parse_overrides(["plan.tp=8", "plan.tp=4"])
     assert parse_overrides(["plan.tp=8", "plan.tp=8"]) == {"plan": {"tp": 8}}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="needs named pipes")
+def test_a_model_or_cluster_from_a_pipe_is_read(tmp_path: Path) -> None:
+    """Found by a CLI review: '--model <(cat m.yaml)' was 'file not found' (a pipe is no regular file), and once
+    past that its cache key resolved to /proc/.../pipe:[n], which cannot be opened. Two pipes by one name are two
+    reads, not one cached answer."""
+    import os
+    import threading
+
+    from simulator.specs.library import load_model
+
+    fifo = tmp_path / "model.yaml"
+    os.mkfifo(fifo)
+    text = (ROOT / "models" / "llama3-8b.yaml").read_text()
+    names = []
+    for layers in (32, 16):
+
+        def write(content: str = text.replace("layers: 32", f"layers: {layers}", 1)) -> None:
+            fifo.write_text(content)
+
+        writer = threading.Thread(target=write, daemon=True)  # never left blocked on the pipe
+        writer.start()
+        names.append(load_model(fifo).layers)
+        writer.join()
+    assert names == [32, 16]

@@ -54,7 +54,8 @@ __all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "infeasible_result", "simul
 # (Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning, arXiv:2507.03114).
 DEFAULT_OVERLAP_SLOWDOWN = 0.189
 # Megatron-LM DistributedDataParallel: bucket_size = max(40,000,000, 1,000,000 · dp) parameters
-# (megatron/core/distributed/distributed_data_parallel.py).
+# (megatron/core/distributed/distributed_data_parallel.py), dp being get_data_parallel_world_size() without context
+# parallelism (its default), though the buckets are reduced over dp·cp.
 BUCKET_PARAMS_MIN = 40_000_000
 BUCKET_PARAMS_PER_DP = 1_000_000
 # A guard, not physics: at most this many gradient buckets per chunk. Only a chunk of over 4·10^12 parameters
@@ -853,7 +854,7 @@ def _pipeline_input(
     zero = plan.zero_stage
     stages: list[StageInput] = []
     hw_flops = 0.0
-    bucket_params = max(BUCKET_PARAMS_MIN, BUCKET_PARAMS_PER_DP * layout.dp.size)
+    bucket_params = max(BUCKET_PARAMS_MIN, BUCKET_PARAMS_PER_DP * plan.dp)  # plan.dp: without cp, as Megatron
     host = _launch_overhead(cluster)
     folds: _Folds = {}
     if fold_memo is not None and not record:  # a timeline is recorded for the one plan that asks for it, alone

@@ -1075,6 +1075,24 @@ def test_only_the_first_stages_first_chunk_is_bucketed() -> None:
     assert sum(row[0] == 0 and row[1] == "dp" and row[2].startswith("grad") for row in serial.timeline) == 2
 
 
+def test_gradient_buckets_grow_with_dp_not_with_context_parallelism() -> None:
+    """Megatron-Core sizes a bucket max(40M, 1M · dp) parameters with get_data_parallel_world_size()'s default, i.e.
+    without cp (distributed_data_parallel.py); dp·cp had been used, so (dp 32, cp 2) and (dp 16, cp 4) had the
+    64M buckets of dp 64. Found by an engine review."""
+    from simulator.run import _prepare
+    from simulator.specs import load_model
+
+    model = load_model("llama3-8b")
+    counts = []
+    for dp, cp in ((64, 1), (32, 2), (16, 4)):
+        plan = PlanSpec(
+            tp=1, pp=2, dp=dp, cp=cp, global_batch=2 * dp, micro_batch=1, seq_len=8192, recompute="full", vp=1
+        ).with_(grad_overlap=True)
+        prepared = _prepare(model, CLUSTER, plan, False, {})
+        counts.append(len(prepared.pipe.stages[0].dp_buckets[0]))  # type: ignore[union-attr]
+    assert counts[1] == counts[2] > counts[0] * 1.5  # 40M-parameter buckets against 64M ones
+
+
 def test_without_interleaving_each_stage_gathers_its_first_bucket_when_its_first_forward_starts() -> None:
     """Megatron-Core 0.9 and later dispatch a stage's first overlapped parameter all-gather from its first forward's
     pre-hook (``finish_param_sync``; ``align_param_gather`` is forced off without interleaving), so on every stage the

@@ -858,7 +858,9 @@ def _pipeline_input(
     host = _launch_overhead(cluster)
     folds: _Folds = {}
     if fold_memo is not None and not record:  # a timeline is recorded for the one plan that asks for it, alone
-        folds = fold_memo.setdefault(replace(plan, grad_overlap=None), {})
+        # Gradient overlap changes no program but ZeRO-2/3's, whose per-layer reduce-scatters it makes blocking.
+        shared = plan if plan.zero_stage >= 2 else replace(plan, grad_overlap=None)
+        folds = fold_memo.setdefault(shared, {})
     for s, stage_chunks in enumerate(chunks):
         fwd: list[FoldResult] = []
         bwd: list[FoldResult] = []

@@ -404,8 +404,8 @@ class _Unhashed:
 def program_key(layout: Layout) -> tuple[object, ...]:
     """Everything of ``layout`` that a chunk's programs depend on (every ``layout.`` read in this module), so that
     plans differing only in what the programs never read (the global batch and so the micro-batch count, the
-    data-parallel degree outside ZeRO-3, gradient overlap and its alignment, the straggler factor) share them: a
-    sweep over those rebuilt every program (1.4x slower per call). ``tests/unit/test_api_defects.py`` builds
+    data-parallel degree and gradient overlap outside ZeRO-2/3, the overlap's alignment, the straggler factor) share
+    them: a sweep over those rebuilt every program (1.4x slower per call). ``tests/unit/test_api_defects.py`` builds
     programs for layouts with equal keys and checks they are equal."""
     plan = layout.plan
     scatters = plan.zero_stage >= 2  # the gradient reduce-scatters in the backward run over dp and edp
@@ -432,6 +432,7 @@ def program_key(layout: Layout) -> tuple[object, ...]:
         plan.grad_accum_upcast_copy,
         plan.grad_accum_fusion,
         plan.fp8_weights,
+        layout.grad_overlap if scatters else None,  # whether ZeRO-2/3's per-layer reduce-scatters block the backward
     )
 
 
@@ -493,8 +494,11 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
             for accumulate in _grad_accumulate(f_ops, layout, name):
                 (wgt if split_w else bwd).compute(accumulate)
         if scatters:
+            # Overlapped (FSDP, DeepSpeed's overlap_comm): on the data-parallel stream, nothing waits. Without
+            # overlap (DeepSpeed ZeRO-2's default overlap_comm false) the reduction runs in the backward hook and the
+            # next backward op waits for it.
             for comm in _grad_scatters(f_ops, layout, name):
-                (wgt if split_w else bwd).comm(comm, stream="dp", join=0)
+                (wgt if split_w else bwd).comm(comm, stream="dp", join=0 if layout.grad_overlap else 1)
     return fwd.finish(), bwd.finish(), wgt.finish()
 
 

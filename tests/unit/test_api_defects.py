@@ -202,7 +202,8 @@ def test_plans_that_differ_only_in_what_programs_never_read_share_them(zero: int
     base = {"tp": 2, "pp": 2, "micro_batch": 1, "vp": 1, "recompute": "selective", "zero_stage": zero}
     plans = [
         PlanSpec(**base, dp=4, global_batch=64, grad_overlap=True),  # type: ignore[arg-type]
-        PlanSpec(**base, dp=4, global_batch=256, grad_overlap=False, straggler_factor=1.2),  # type: ignore[arg-type]
+        # (ZeRO-2/3's per-layer reduce-scatters block the backward without overlap: there it is read)
+        PlanSpec(**base, dp=4, global_batch=256, grad_overlap=zero >= 2, straggler_factor=1.2),  # type: ignore[arg-type]
         PlanSpec(**base, dp=4, global_batch=64, grad_overlap=True, align_grad_reduce=False),  # type: ignore[arg-type]
     ]
     if zero < 3:

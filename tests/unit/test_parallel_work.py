@@ -1075,6 +1075,25 @@ def test_only_the_first_stages_first_chunk_is_bucketed() -> None:
     assert sum(row[0] == 0 and row[1] == "dp" and row[2].startswith("grad") for row in serial.timeline) == 2
 
 
+@pytest.mark.parametrize("zero", [2, 3])
+def test_without_gradient_overlap_zero_2_and_3_wait_for_each_layers_reduce_scatter(zero: int) -> None:
+    """Found by an engine review: ZeRO-2/3's per-layer gradient reduce-scatters were always detached on the
+    data-parallel stream, so grad_overlap off changed nothing under ZeRO-3 (and only the parameter gather under
+    ZeRO-2), and the free-knob search compared two identical candidates. Without overlap (DeepSpeed ZeRO-2's default
+    overlap_comm false) the backward waits for each reduction."""
+    from simulator.specs import load_cluster, load_model
+
+    model, cluster = load_model("llama2-7b"), load_cluster("dgx-h100")
+    plan = PlanSpec(tp=1, pp=1, dp=32, global_batch=64, micro_batch=1, seq_len=4096, recompute="full", zero_stage=zero)
+    overlapped = simulate(model, cluster, plan.with_(grad_overlap=True))
+    serial = simulate(model, cluster, plan.with_(grad_overlap=False))
+    assert serial.breakdown["dp_exposed_s"] > 5 * overlapped.breakdown["dp_exposed_s"]
+    assert serial.step_time_s > overlapped.step_time_s * 1.05
+    free = simulate(model, cluster, plan)  # the search now tells the two apart, and reuses nothing across them
+    assert free.chosen["grad_overlap"] is True
+    assert free.step_time_s == overlapped.step_time_s
+
+
 def test_gradient_buckets_grow_with_dp_not_with_context_parallelism() -> None:
     """Megatron-Core sizes a bucket max(40M, 1M · dp) parameters with get_data_parallel_world_size()'s default, i.e.
     without cp (distributed_data_parallel.py); dp·cp had been used, so (dp 32, cp 2) and (dp 16, cp 4) had the

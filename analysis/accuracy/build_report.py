@@ -174,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                 "### Uncalibrated ops",
                 "",
                 f"{rep.summary['uncalibrated_rows']} of {rep.summary['predicted']} predicted rows timed some ops on "
-                "the default curves (no kernel or collective measurement for that class on that hardware):",
+                "the default curves (no kernel or collective measurement for that class on that hardware) or on a "
+                "stand-in (`...:all_reduce_curve`: the hardware's measured all-reduce curve for another NVLink "
+                "collective; `all_reduce:domain:nvls_gain`: a measured ring all-reduce sped up by NVLink SHARP's "
+                "published gain):",
                 "",
                 "| op class | rows |",
                 "|---|---:|",

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from simulator.errors import CalibrationError
-from simulator.specs.calibration import COLLECTIVES
+from simulator.specs.calibration import COLLECTIVES, SCOPES
 
 __all__ = [
     "COLUMNS",
@@ -48,6 +48,8 @@ __all__ = [
 ]
 
 KINDS = ("gemm", "attention", "memory", "collective", "overhead")
+# The largest group a collective row may name: far beyond any cluster (a 25-digit cell is a typo).
+MAX_RANKS = 1_000_000
 # Precisions a GEMM or attention row may name (fit reads fp32 against the TF32 peak, an empty cell as bf16).
 ROW_PRECISIONS = ("", "fp32", "tf32", "fp16", "bf16", "fp8")
 # The same GEMM timed in a short burst (as every kernel is profiled) and under sustained load (module docstring).
@@ -110,6 +112,17 @@ def check_fittable(row: Measurement) -> None:
                 f"column 'flops': {_fmt(row.flops) or 'empty'} is not a positive number for a {row.kind} row; give "
                 "the kernel's FLOPs (2·m·n·k for a GEMM) or remove the row"
             )
+    if row.kind == "collective" and row.scope not in SCOPES:
+        # Any other word was fitted as 'across nodes' and dropped without a word.
+        raise CalibrationError(
+            f"column 'scope': {row.scope!r} is not one of {', '.join(SCOPES)} for a collective row; write domain (one "
+            "NVLink domain) or network (across nodes)"
+        )
+    if row.kind == "collective" and not 1 <= row.ranks <= MAX_RANKS:
+        raise CalibrationError(
+            f"column 'ranks': {row.ranks} is not a group size from 1 to {MAX_RANKS:,} for a collective row; "
+            "fix the cell"
+        )
     if row.kind in ("memory", "collective") and not (row.bytes > 0 and math.isfinite(row.bytes)):
         raise CalibrationError(
             f"column 'bytes': {_fmt(row.bytes) or 'empty'} is not a positive number for a {row.kind} row; give the "

@@ -608,3 +608,23 @@ def test_nccl_tests_data_lines_are_read_from_the_front(tmp_path: Path) -> None:
     two.write_text(NCCL_HEADER.replace("nGpus 2", "nGpus 1") + ranks + NCCL_LINE.format(size=1048576, time="30.00"))
     (row,) = import_nccl_tests(two, collective="all_reduce")
     assert (row.ranks, row.scope) == (16, "network")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"scope": "galaxy"}, "column 'scope': 'galaxy' is not one of domain, network"),
+        ({"ranks": 10**24}, "column 'ranks': 1000000000000000000000000 is not a group size"),
+        ({"ranks": 0}, "column 'ranks': 0 is not a group size"),
+    ],
+)
+def test_a_collective_row_with_an_unknown_scope_or_group_size_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], message: str
+) -> None:
+    """Found by a CLI review: a scope of 'galaxy' was fitted as 'across nodes' and dropped without a word, and a
+    25-digit group size reached a table that `calibrate check` then passed."""
+    row = Measurement(kind="collective", op="all_reduce", bytes=2.0**20, ranks=8, scope="domain", time_s=1e-4)
+    path = tmp_path / "rows.csv"
+    write_rows([replace(row, **changes)], path)
+    assert main(["calibrate", "fit", str(path), "--device", "H100-SXM5-80GB", "--out", str(tmp_path / "t.yaml")]) == 2
+    assert message in capsys.readouterr().err

@@ -144,7 +144,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
 
 
 def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
-    from simulator.specs._fields import did_you_mean
+    from simulator.specs._fields import Fields
     from simulator.specs._yaml import load_yaml_file
     from simulator.specs.plan import PlanSpec
 
@@ -185,14 +185,7 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
     data.update(overrides)
     if "global_batch" not in data:
         # A mistyped key first: 'global_bach: 1536' in a plan file is the typo, not a missing flag.
-        known = (*PlanSpec.field_names(), "gpus", "name", "description")
-        for key in data:
-            if key not in known:
-                raise SpecError(
-                    f"{where}: {key}",
-                    f"unknown key{did_you_mean(str(key), sorted(known))}",
-                    f"remove it or use one of: {', '.join(sorted(known))}",
-                )
+        Fields(data, where).done(ignore=PlanSpec.file_keys())
         raise SpecError("--global-batch", "is required", "give the sequences per optimizer step")
     return PlanSpec.from_mapping(data, where)
 

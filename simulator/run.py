@@ -35,6 +35,7 @@ from simulator.parallel.program import (
     expert_load,
     param_all_gathers,
     program_key,
+    reduces_in_backward,
     stage_params,
 )
 from simulator.parallel.schedule import generate, schedule_with_in_flight, stage_in_flight
@@ -859,7 +860,7 @@ def _pipeline_input(
     folds: _Folds = {}
     if fold_memo is not None and not record:  # a timeline is recorded for the one plan that asks for it, alone
         # Gradient overlap changes no program but ZeRO-2/3's, whose per-layer reduce-scatters it makes blocking.
-        shared = plan if plan.zero_stage >= 2 else replace(plan, grad_overlap=None)
+        shared = plan if reduces_in_backward(plan) else replace(plan, grad_overlap=None)
         folds = fold_memo.setdefault(shared, {})
     for s, stage_chunks in enumerate(chunks):
         fwd: list[FoldResult] = []
@@ -963,8 +964,7 @@ def _hops_on_network(pp: Group, domain: int) -> tuple[bool, ...]:
         a, b = min(a, b), max(a, b)
         return b - a >= domain or (b + stride - 1) // domain > a // domain
 
-    last = pp.size - 1
-    return tuple(crosses(s * stride, ((s + 1) % pp.size) * stride) for s in range(last + 1))
+    return tuple(crosses(s * stride, ((s + 1) % pp.size) * stride) for s in range(pp.size))
 
 
 def _hop_send_times(comm: CommModel, pp: Group, size: float, hops: tuple[bool, ...]) -> tuple[float, ...]:

@@ -41,6 +41,7 @@ from simulator.graph.ops import Op, whole_tokens
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Group, Layout
 from simulator.parallel.stages import Chunk
+from simulator.specs.plan import PlanSpec
 
 __all__ = [
     "SELECTIVE_RECOMPUTE_OPS",
@@ -401,6 +402,13 @@ class _Unhashed:
         return 0
 
 
+def reduces_in_backward(plan: PlanSpec) -> bool:
+    """Whether the backward programs reduce-scatter each layer's gradients (ZeRO-2 and ZeRO-3, whose gradient buffer is
+    sharded; :func:`_build`): then the data-parallel groups and gradient overlap shape the programs, which otherwise
+    never read them (:func:`program_key`, and the free-knob search's fold memo in ``simulator.run``)."""
+    return plan.zero_stage >= 2
+
+
 def program_key(layout: Layout) -> tuple[object, ...]:
     """Everything of ``layout`` that a chunk's programs depend on (every ``layout.`` read in this module), so that
     plans differing only in what the programs never read (the global batch and so the micro-batch count, the
@@ -408,7 +416,7 @@ def program_key(layout: Layout) -> tuple[object, ...]:
     them: a sweep over those rebuilt every program (1.4x slower per call). ``tests/unit/test_api_defects.py`` builds
     programs for layouts with equal keys and checks they are equal."""
     plan = layout.plan
-    scatters = plan.zero_stage >= 2  # the gradient reduce-scatters in the backward run over dp and edp
+    scatters = reduces_in_backward(plan)  # the gradient reduce-scatters in the backward run over dp and edp
     return (
         layout.tp,
         layout.cp,
@@ -460,7 +468,7 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
     # micro-batches in a shard ("For zero stage 2 (and 3), gradient reduction is required after every backward
     # because of gradient partitioning", DeepSpeed maintainers, deepspeedai/DeepSpeed#2252; PyTorch FSDP's
     # SHARD_GRAD_OP likewise reduce-scatters in every backward outside no_sync).
-    scatters = layout.plan.zero_stage >= 2 and shards
+    scatters = reduces_in_backward(layout.plan) and shards
     moe = graph.model.moe
     experts = moe.num_experts if moe is not None else 0
     top_k = moe.top_k if moe is not None else 1

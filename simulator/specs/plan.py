@@ -337,6 +337,11 @@ class PlanSpec:
         """The plan's keys, in declaration order."""
         return tuple(field.name for field in fields(cls))
 
+    @classmethod
+    def file_keys(cls) -> tuple[str, ...]:
+        """The keys a plan file may have: the plan's, the GPU count, and a name and description."""
+        return (*cls.field_names(), "gpus", "name", "description")
+
     def as_dict(self) -> dict[str, Any]:
         """Every field by name, in declaration order (what results and sweeps report)."""
         return {field.name: getattr(self, field.name) for field in fields(self)}
@@ -365,7 +370,7 @@ class PlanSpec:
                     f"give {key} a value, or leave it out for the default ({shown})",
                 )
         raw = {k: v for k, v in f.data.items() if k not in auto}
-        g = Fields(raw, where, keys=(*cls.field_names(), "gpus", "name", "description"))
+        g = Fields(raw, where, keys=cls.file_keys())
         kwargs: dict[str, Any] = {}
         for field in fields(cls):
             reader = _KNOB_READERS.get(field.name) or _LAYOUT_READERS[field.name]

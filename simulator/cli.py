@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from simulator import __version__
 from simulator.errors import CalibrationError, InfeasiblePlanError, SimulatorError, SpecError
-from simulator.specs._fields import check_count
+from simulator.specs._fields import check_count, did_you_mean, kind_of
 from simulator.specs.plan import AUTO
 from simulator.units import GIB, fmt_knob, fmt_seconds
 
@@ -39,8 +39,25 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            known = self._option_names()
+            hints = [f"{word}{did_you_mean(word, known)}" for word in message.split(":", 1)[1].split()]
+            message = "unrecognized arguments: " + " ".join(hints)
         sys.stderr.write(f"error: {self.prog}: {message}; see '{self.prog} --help'\n")
         raise SystemExit(EXIT_BAD_INPUT)
+
+    def _option_names(self) -> list[str]:
+        """Every ``--option`` this parser and its subcommands take (argparse reports a subcommand's unknown
+        option from the top parser, which cannot tell which subcommand it was)."""
+        names: set[str] = set()
+        parsers: list[argparse.ArgumentParser] = [self]
+        while parsers:
+            parser = parsers.pop()
+            for action in parser._actions:
+                names.update(o for o in action.option_strings if o.startswith("--"))
+                if isinstance(action, argparse._SubParsersAction):
+                    parsers.extend(action.choices.values())
+        return sorted(names)
 
 
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
@@ -741,22 +758,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _guess_kind(data: Any, path: Path) -> str:
+    from simulator.specs.library import kinds_by_keys
+
     if not isinstance(data, dict):
-        raise SpecError(str(path), f"must be a mapping, got {type(data).__name__}", "write 'key: value' lines")
-    keys = {k for k in data if isinstance(k, str)}  # other keys are reported as unknown by the file's reader
+        raise SpecError(
+            str(path), f"must be a mapping of keys to values, got {kind_of(data)}", "write 'key: value' lines"
+        )
     # The keys decide; the folder (hardware_profiles/devices/ ...) only where they fit several kinds or none, so
     # that a model YAML kept in a folder named calibration/ is still checked as a model.
-    by_keys = [
-        kind
-        for kind, fits in (
-            ("calibration", bool(keys & {"compute", "collectives"})),
-            ("device", any(k.startswith("peak_tflops") for k in keys)),
-            ("cluster", "gpus_per_node" in keys),
-            ("model", bool(keys & {"layers", "hidden", "heads"})),
-            ("plan", bool(keys & {"global_batch", "tp", "pp", "dp"})),
-        )
-        if fits
-    ]
+    by_keys = kinds_by_keys(data)
     if len(by_keys) == 1:
         return by_keys[0]
     folders = {p.lower() for p in path.parts}

@@ -354,10 +354,6 @@ def _row_rules(model: ModelSpec, plan: PlanSpec, row: pd.Series, where: str, sta
             f"got {plan.tp}",
             "fix tp, heads or kv_heads",
         )
-    if (plan.vp or 1) > 1 and plan.pp == 1:
-        raise SpecError(
-            f"{where}: vp", f"needs pp > 1 (interleaving splits pipeline stages), got vp={plan.vp}", "fix vp or pp"
-        )
     if plan.ep > 1 and model.moe is None:
         raise SpecError(
             f"{where}: ep", f"needs a MoE model, got ep={plan.ep} for a dense row", "set ep to 1, or arch to moe"

@@ -20,6 +20,7 @@ import os
 import statistics
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,22 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"{err} in {text!r} (comma-separated, e.g. 1,2,4)") from None
     if not values:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers such as 1,2,4, got {text!r}")
+    return values
+
+
+# --micro-batch's bound: the simulator's planner tries up to 16 sequences, and a decoder layer's activations for
+# 1,024 sequences of 2,048 tokens at hidden 4,096 are 1,024·2,048·4,096·34 B ≈ 290 GB (Korthikanti et al. 2022's
+# 34·s·b·h bytes per layer), past any one GPU; a larger size only allocates until the machine swaps.
+MAX_PROFILE_MICRO_BATCH = 1024
+
+
+def _micro_batches(text: str) -> tuple[int, ...]:
+    """An argparse type: ``_ints`` of at most :data:`MAX_PROFILE_MICRO_BATCH` sequences each."""
+    values = _ints(text)
+    if max(values) > MAX_PROFILE_MICRO_BATCH:
+        raise argparse.ArgumentTypeError(
+            f"expected micro-batch sizes of at most {MAX_PROFILE_MICRO_BATCH:,} sequences, got {text!r}"
+        )
     return values
 
 
@@ -143,11 +160,26 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         f"profiled on {report.device}: {report.measured} shapes measured now, {report.resumed} kept from an "
         f"earlier run, {report.planned} planned in {report.out}"
     )
-    if report.missing:
-        print(f"missing {len(report.missing)} shapes (rerun the same command to retry them):")
-        for key, why in report.missing:
-            print(f"  {key}: {why}")
+    _print_missing(report.missing)
     return EXIT_OK
+
+
+def _print_missing(missing: Sequence[tuple[str, str]]) -> None:
+    """The shapes a profile has no row for: those that failed (a rerun fails alike unless the cause is fixed: an
+    out-of-memory shape needs a smaller --micro-batch or --seq-len, or a GPU with more memory), then those the run
+    never reached (a rerun measures them)."""
+    failed = [(key, why) for key, why in missing if why != "not measured"]
+    unreached = [key for key, why in missing if why == "not measured"]
+    if failed:
+        oom = any("out of memory" in why.lower() or "outofmemory" in why.lower() for _, why in failed)
+        fix = "lower --micro-batch or --seq-len, or profile on a GPU with more memory" if oom else "fix the cause"
+        print(f"failed {len(failed)} shapes (a rerun retries them, and fails again unless you {fix}):")
+        for key, why in failed:
+            print(f"  {key}: {why}")
+    if unreached:
+        print(f"not measured {len(unreached)} shapes (the run stopped first; rerun the same command to measure them):")
+        for key in unreached:
+            print(f"  {key}")
 
 
 # -- importers ----------------------------------------------------------------------------------------------
@@ -492,7 +524,7 @@ def add_calibrate_parser(sub: Any) -> None:
     prof.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="also profile the check configurations")
     prof.add_argument("--seq-len", type=_whole(1), help="sequence length (default: the model's)")
     prof.add_argument("--tp", type=_ints, default=(1,), help="tensor-parallel widths, e.g. 1,2,4,8")
-    prof.add_argument("--micro-batch", type=_ints, default=(1,), help="micro-batch sizes, e.g. 1,2,4")
+    prof.add_argument("--micro-batch", type=_micro_batches, default=(1,), help="micro-batch sizes, e.g. 1,2,4")
     prof.add_argument(
         "--fp8", action="store_true", help="also time the FP8 GEMMs of FP8 training (needs FP8 tensor cores: H100...)"
     )
@@ -578,7 +610,7 @@ def add_calibrate_parser(sub: Any) -> None:
     host.add_argument("--out", type=Path, default=Path("clustersim-host"), help="output folder")
     host.add_argument("--name", help="profile name (default host-cpu / host-cuda)")
     host.add_argument("--configs", choices=("cpu", "gpu", "tiny"), help="configuration set (default: per device)")
-    host.add_argument("--micro-batch", type=_ints, default=(1, 2, 4, 8), help="micro-batches to profile")
+    host.add_argument("--micro-batch", type=_micro_batches, default=(1, 2, 4, 8), help="micro-batches to profile")
     host.add_argument(
         "--ranks", type=int, help="ranks of the host cluster (default: 2 CPU processes, or every GPU up to 8)"
     )

@@ -22,7 +22,16 @@ import numpy as np
 
 from simulator.errors import SpecError
 
-__all__ = ["MISSING", "Fields", "check_choices", "check_positive", "check_ranges", "check_scalar_types", "did_you_mean"]
+__all__ = [
+    "MISSING",
+    "Fields",
+    "check_choices",
+    "check_positive",
+    "check_ranges",
+    "check_scalar_types",
+    "did_you_mean",
+    "kind_of",
+]
 
 T = TypeVar("T")
 
@@ -37,9 +46,24 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
+def _squash(name: str) -> str:
+    return re.sub(r"[-_.\s]", "", name.lower())
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """``" (did you mean 'x'?)"`` for the closest choice, or ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """``" (did you mean 'x'?)"`` for the closest choice, or ``""``. A choice that differs only in case and
+    separators (``dgxa100`` for ``dgx_a100``) wins; then the choices the word begins (``dgx-a100`` names both
+    ``dgx-a100-40g`` and ``dgx-a100-80g``, where spelling distance alone offers ``dgx-v100``), up to three of
+    them, for a word of three characters or more; then the closest by spelling."""
+    options = list(choices)
+    key = _squash(word)
+    same = [c for c in options if _squash(c) == key]
+    if key and same:
+        return f" (did you mean {same[0]!r}?)"
+    begun = [c for c in options if _squash(c).startswith(key)] if len(key) >= 3 else []
+    if 1 <= len(begun) <= 3:
+        return f" (did you mean {' or '.join(repr(c) for c in begun)}?)"
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -70,7 +94,7 @@ class Fields:
         if not isinstance(data, Mapping):
             raise SpecError(
                 self._join(where, prefix),
-                f"expected a mapping of keys to values, got {_kind(data)}",
+                f"expected a mapping of keys to values, got {kind_of(data)}",
                 "write 'key: value' lines",
             )
         self.data: Mapping[str, Any] = data
@@ -267,10 +291,16 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def _kind(value: Any) -> str:
-    return {list: "a list", str: "a text", int: "a number", float: "a number", bool: "true/false"}.get(
-        type(value), type(value).__name__
-    )
+def kind_of(value: Any) -> str:
+    """How an error names a value's YAML type: 'a list', 'a text', 'nothing (empty)' ..."""
+    return {
+        list: "a list",
+        str: "a text",
+        int: "a number",
+        float: "a number",
+        bool: "true/false",
+        type(None): "nothing (empty)",
+    }.get(type(value), type(value).__name__)
 
 
 def _show(value: Any) -> str:

@@ -153,12 +153,57 @@ def load_spec_file(path: Path) -> Any:
     return load_yaml_file(path)
 
 
+# The top-level keys that mark each kind of spec file (a Hugging Face config.json is a model too).
+_KIND_MARKS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("calibration", frozenset({"compute", "collectives"})),
+    ("device", frozenset()),  # any peak_tflops* key
+    ("cluster", frozenset({"gpus_per_node"})),
+    ("model", frozenset({"layers", "hidden", "heads", "num_hidden_layers", "hidden_size"})),
+    ("plan", frozenset({"global_batch", "tp", "pp", "dp"})),
+)
+# Where a file of each kind is given, for the fix of a file passed in the wrong place.
+_KIND_PLACE = {
+    "model": "--model",
+    "cluster": "--cluster",
+    "plan": "--plan",
+    "device": "a cluster file's device: key",
+    "calibration": "a cluster file's calibration: key",
+}
+
+
+def kinds_by_keys(data: Any) -> list[str]:
+    """The kinds of spec file (calibration, device, cluster, model, plan) whose marking keys ``data`` has."""
+    if not isinstance(data, dict):
+        return []
+    keys = {k for k in data if isinstance(k, str)}
+    return [
+        kind
+        for kind, marks in _KIND_MARKS
+        if (keys & marks if marks else any(k.startswith("peak_tflops") for k in keys))
+    ]
+
+
+def _read_as(kind: str, path: Path) -> Any:
+    """The parsed file at ``path``, refused where its keys mark it as another kind of spec file (a model file
+    given as ``--cluster`` would otherwise fail on "device: is required", which does not say what is wrong)."""
+    data = load_yaml_file(path)
+    fits = kinds_by_keys(data)
+    if fits and kind not in fits:
+        marks = sorted(k for k in data if isinstance(k, str) and kinds_by_keys({k: None}) == fits[:1])[:3]
+        raise SpecError(
+            str(path),
+            f"is a {fits[0]} file (it has {', '.join(marks)}), not a {kind} file",
+            f"give a {kind} here; a {fits[0]} file goes to {_KIND_PLACE[fits[0]]}",
+        )
+    return data
+
+
 @lru_cache(maxsize=256)
 def _model_cached(path_str: str, _mtime: float) -> ModelSpec:
     path = Path(path_str)
     if path.suffix.lower() == ".json":
         return load_hf_config(path)
-    return ModelSpec.from_mapping(load_yaml_file(path), str(path))
+    return ModelSpec.from_mapping(_read_as("model", path), str(path))
 
 
 def load_model(ref: str | Path, overrides: Mapping[str, Any] | None = None) -> ModelSpec:
@@ -176,7 +221,7 @@ def load_model(ref: str | Path, overrides: Mapping[str, Any] | None = None) -> M
 @lru_cache(maxsize=256)
 def _device_cached(path_str: str, _mtime: float) -> DeviceSpec:
     path = Path(path_str)
-    return DeviceSpec.from_mapping(load_yaml_file(path), str(path))
+    return DeviceSpec.from_mapping(_read_as("device", path), str(path))
 
 
 def load_device(ref: str | Path) -> DeviceSpec:
@@ -187,7 +232,7 @@ def load_device(ref: str | Path) -> DeviceSpec:
 @lru_cache(maxsize=256)
 def _calibration_cached(path_str: str, _mtime: float) -> CalibrationTable:
     path = Path(path_str)
-    return CalibrationTable.from_mapping(load_yaml_file(path), str(path))
+    return CalibrationTable.from_mapping(_read_as("calibration", path), str(path))
 
 
 def load_calibration(ref: str | Path) -> CalibrationTable:
@@ -214,7 +259,7 @@ _TABLE_KEYS = ("calibration", "fabric_calibration")
 @lru_cache(maxsize=256)
 def _cluster_cached(path_str: str, _mtime: float) -> ClusterSpec:
     path = Path(path_str)
-    return _build_cluster(load_yaml_file(path), path, str(path))
+    return _build_cluster(_read_as("cluster", path), path, str(path))
 
 
 def _build_cluster(
@@ -373,4 +418,4 @@ def load_plan(path: str | Path, *, gpus: int | None = None) -> PlanSpec:
         raise SpecError(str(p), "is a directory, not a file", "name the plan YAML file")
     if not p.is_file():
         raise SpecError(str(p), "file not found", "check the path of the plan file")
-    return PlanSpec.from_mapping(load_yaml_file(p), str(p), gpus=gpus)
+    return PlanSpec.from_mapping(_read_as("plan", p), str(p), gpus=gpus)

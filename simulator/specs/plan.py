@@ -242,6 +242,20 @@ class PlanSpec:
             )
         if self.schedule == "interleaved" and self.vp == 1:
             raise SpecError("vp", "must be > 1 with the interleaved schedule, got vp=1", "raise vp or use 1f1b")
+        if self.pp == 1 and self.vp is not None and self.vp > 1:
+            raise SpecError(
+                "vp",
+                f"must be 1 without pipeline parallelism, got vp={self.vp} with pp=1 (model chunks interleave "
+                "over pipeline stages)",
+                "raise pp to 2 or more, or leave vp out",
+            )
+        if self.schedule not in (None, "interleaved") and self.vp is not None and self.vp > 1:
+            raise SpecError(
+                "vp",
+                f"must be 1 with the {self.schedule} schedule, got vp={self.vp} (model chunks need the interleaved "
+                "one)",
+                "use schedule interleaved, or leave vp out",
+            )
         if self.fp8_param and self.precision == "fp8" and self.zero_stage == 0:
             raise SpecError(
                 "fp8_param",
@@ -386,6 +400,13 @@ class PlanSpec:
         g.done(ignore=("name", "description"))
         if kwargs["schedule"] == "interleaved" and kwargs["vp"] is not None and kwargs["vp"] < 2:
             raise g.error("vp", f"must be > 1 with the interleaved schedule, got {kwargs['vp']}", "raise vp")
+        if kwargs["schedule"] not in (None, "interleaved") and kwargs["vp"] is not None and kwargs["vp"] > 1:
+            raise g.error(
+                "vp",
+                f"must be 1 with the {kwargs['schedule']} schedule, got {kwargs['vp']} (model chunks need the "
+                "interleaved one)",
+                "use schedule interleaved, or leave vp out",
+            )
         try:
             if kwargs["dp"] is None:
                 if gpus is None:

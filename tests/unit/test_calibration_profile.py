@@ -170,3 +170,29 @@ def test_fp8_needs_fp8_tensor_cores(monkeypatch: Any) -> None:
     monkeypatch.setattr(profile, "fp8_support", lambda dev: "no FP8 here")
     with pytest.raises(CalibrationError, match="no FP8 here; profile without --fp8"):
         run_profile([s for s in model_shapes(TINY, fp8=True) if s.precision == "fp8"][:1], Path("unused"))
+
+
+def test_missing_shapes_are_told_apart_failed_from_unreached(capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile's summary said "rerun the same command to retry them" of every missing shape, also of those that
+    ran out of memory, which a rerun fails again; failed shapes now name the fix, unreached ones the rerun."""
+    from simulator.calibration.cli import _print_missing
+
+    _print_missing(
+        [
+            ("gemm.fwd:a", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+            ("gemm.fwd:b", "not measured"),
+        ]
+    )
+    out = capsys.readouterr().out
+    failed, unreached = out.split("not measured 1 shapes")
+    assert "failed 1 shapes" in failed
+    assert "lower --micro-batch or --seq-len" in failed
+    assert "gemm.fwd:a" in failed
+    assert "rerun the same command to measure them" in unreached
+    assert "gemm.fwd:b" in unreached
+    _print_missing([("attention:c", "RuntimeError: no kernel image is available")])
+    out = capsys.readouterr().out
+    assert "fix the cause" in out
+    assert "not measured" not in out
+    _print_missing([])
+    assert capsys.readouterr().out == ""

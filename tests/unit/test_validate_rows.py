@@ -406,7 +406,7 @@ def test_a_stack_knob_that_the_framework_would_refuse_makes_the_row_invalid(
         ({"tp": 3, "dp": 1, "num_gpus": 3}, "tp: must divide heads (8) and kv_heads (8)"),
         ({"global_batch": 66}, "global_batch: must be a multiple of dp·micro_batch (8)"),
         ({"global_batch": 66, "micro_batch": float("nan")}, "global_batch: must be a multiple of dp (8)"),
-        ({"vp": 2}, "vp: needs pp > 1"),
+        ({"vp": 2}, "vp: must be 1 without pipeline parallelism, got vp=2 with pp=1"),
         ({"ep": 2}, "ep: needs a MoE model"),
         ({"arch": "dense", "experts_topk": 2}, "arch: is dense, but experts_topk is 2"),
         ({"measured_step_time_s": 1e-320}, "measured_step_time_s: must be a number of seconds of at least 1e-06"),

@@ -209,7 +209,7 @@ def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.engine.trace import chrome_trace_json
-    from simulator.parallel.layout import expert_load
+    from simulator.parallel.layout import expert_load, routing_cap
     from simulator.run import simulate
     from simulator.specs.library import load_cluster, load_model, parse_overrides
 
@@ -241,8 +241,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     used = expert_load(result.plan, model) if model.moe is not None else 1.0
     if model.moe is not None and used < result.plan.expert_imbalance:
         caps = []
-        if result.plan.expert_load < result.plan.expert_imbalance:
-            caps.append(f"ep {result.plan.ep} (the busiest rank gets at most every routed token of its group)")
+        routed = routing_cap(result.plan, model.moe)
+        if routed < result.plan.expert_imbalance:
+            per_rank = model.moe.num_experts / result.plan.ep
+            caps.append(
+                f"ep {result.plan.ep} with {per_rank:g} expert{'s' if per_rank != 1 else ''} per rank and top_k "
+                f"{model.moe.top_k} (the busiest rank gets at most every routed token of its group, one copy per "
+                f"expert it holds: {routed:g} times the average)"
+            )
         cap = model.moe.capacity_factor
         if cap is not None and cap < result.plan.expert_imbalance:
             caps.append(f"capacity_factor {cap:g} (routing drops the tokens past it)")

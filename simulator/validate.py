@@ -358,6 +358,22 @@ def _row_rules(model: ModelSpec, plan: PlanSpec, row: pd.Series, where: str, sta
         raise SpecError(
             f"{where}: ep", f"needs a MoE model, got ep={plan.ep} for a dense row", "set ep to 1, or arch to moe"
         )
+    if model.moe is not None and model.moe.num_experts % plan.ep:
+        # arguments.py: "num_experts must be divisible by expert_model_parallel_size".
+        raise SpecError(
+            f"{where}: ep",
+            f"must divide num_experts ({model.moe.num_experts}) (Megatron-LM asserts it), got {plan.ep}",
+            "fix ep or num_experts",
+        )
+    if plan.ep > 1 and (plan.tp * plan.dp * plan.cp) % plan.ep:
+        # parallel_state.initialize_model_parallel: a stage's tp·dp·cp ranks are regrouped as expert_tp·ep·edp,
+        # so ep must divide them even with expert_tp 1 (MoE parallel folding; the README's column contract).
+        raise SpecError(
+            f"{where}: ep",
+            f"must divide a pipeline stage's tp·dp·cp ({plan.tp * plan.dp * plan.cp}) (Megatron-Core's expert "
+            f"groups split those ranks), got {plan.ep}",
+            "fix ep, tp, dp or cp",
+        )
 
 
 # The model fields whose CSV column has another name (the others are named alike).

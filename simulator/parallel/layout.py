@@ -15,7 +15,7 @@ from functools import lru_cache
 
 from simulator.errors import InfeasiblePlanError
 from simulator.specs.hardware import ClusterSpec
-from simulator.specs.model import ModelSpec
+from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import PlanSpec
 
 __all__ = ["MAX_MICRO_BATCHES", "MAX_PIPELINE_TASKS", "Group", "Layout", "place", "resolve_layout"]
@@ -310,9 +310,22 @@ def expert_load(plan: PlanSpec, model: ModelSpec) -> float:
     so no rank holds more (padding every expert to its capacity, ``--moe-pad-expert-input-to-capacity``, is not
     modelled: its rank runs at the cap whatever the routing)."""
     load = plan.expert_load
-    if model.moe is not None and model.moe.capacity_factor is not None:
-        load = min(load, model.moe.capacity_factor)
+    if model.moe is not None:
+        load = min(load, routing_cap(plan, model.moe))
+        if model.moe.capacity_factor is not None:
+            load = min(load, model.moe.capacity_factor)
     return load
+
+
+def routing_cap(plan: PlanSpec, moe: MoESpec) -> float:
+    """The most the busiest expert-parallel rank can receive over the average, whatever the routing: top-k picks k
+    distinct experts, so a token sends one copy at most to each expert and at most min(k, e) copies to a rank
+    holding e = num_experts / ep of them. Of its group's tokens · k routed copies (ep ranks' average: tokens · k /
+    ep) one rank receives at most tokens · min(k, e): ep · min(k, e) / k times the average (Mixtral's 8 experts,
+    top-2, over ep 8: 4, not ep's 8; Qwen3-235B's 128, top-8, over ep 32: 16). With e >= k it is ep, the bound
+    :attr:`PlanSpec.expert_load` applies without the model. Found by a review of the MoE model."""
+    per_rank = moe.num_experts / plan.ep
+    return plan.ep * min(float(moe.top_k), per_rank) / moe.top_k
 
 
 def _expert_tp(plan: PlanSpec, model: ModelSpec) -> int:

@@ -297,8 +297,10 @@ def test_a_cluster_file_with_another_devices_table_is_noted(
 @pytest.mark.parametrize(
     ("ep", "extra", "note"),
     [
-        ("2", [], "capped by ep 2 (the busiest rank gets at most every routed token of its group): 2 was used"),
+        ("2", [], "capped by ep 2 with 4 experts per rank and top_k 2 (the busiest rank gets at most every routed"),
+        # One expert per rank takes one copy of a token of two: the cap is 8 · 1 / 2 = 4, not ep's 8.
         ("8", [], None),
+        ("8", ["--set", "model.moe.top_k=4"], "capped by ep 8 with 1 expert per rank and top_k 4"),
         ("8", ["--set", "model.moe.capacity_factor=1.25"], "capped by capacity_factor 1.25 (routing drops"),
         ("2", ["--set", "model.moe.capacity_factor=1.25"], "and by capacity_factor 1.25 (routing drops the tokens"),
     ],
@@ -318,6 +320,8 @@ def test_expert_imbalance_capped_is_noted(
         assert err.count("was used") == 1
         if "capacity_factor" in note:
             assert "1.25 was used" in err
+        elif "1 expert per rank" in note:
+            assert "2 times the average): 2 was used" in err  # top-4 over 8 ranks of one expert: 8 · 1 / 4
 
 
 @pytest.mark.parametrize(("precision", "noted"), [("bf16", True), ("fp8", False)])

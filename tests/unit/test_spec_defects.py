@@ -4,6 +4,7 @@ values that were accepted but cannot describe a real run. Each test names the de
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ import yaml
 from simulator.cli import main
 from simulator.cost.communication import CommModel
 from simulator.errors import SpecError
+from simulator.parallel.layout import expert_load
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import MAX_LATENCY_S, ClusterSpec
-from simulator.specs.library import find_file, load_calibration, load_cluster
+from simulator.specs.library import find_file, load_calibration, load_cluster, load_model
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
 from simulator.units import GB, GIB
@@ -308,6 +310,22 @@ def test_expert_imbalance_is_bounded_by_what_ep_ranks_can_receive() -> None:
     assert PlanSpec(global_batch=8, dp=4, ep=4, expert_imbalance=4.5).expert_load == 4.0
     assert PlanSpec(global_batch=8, dp=4, ep=4, expert_imbalance=1.3).expert_load == 1.3
     assert PlanSpec(global_batch=8, dp=4, expert_imbalance=1.3).expert_load == 1.0
+
+
+@pytest.mark.parametrize(
+    ("model", "ep", "cap"),
+    [("mixtral-8x7b", 8, 4.0), ("mixtral-8x7b", 4, 4.0), ("mixtral-8x7b", 2, 2.0), ("qwen3-235b-a22b", 32, 16.0)],
+)
+def test_expert_load_is_capped_by_one_copy_of_a_token_per_expert(model: str, ep: int, cap: float) -> None:
+    """Top-k routes a token to k distinct experts, so a rank holding e experts receives at most min(k, e) copies of
+    each token of its group: ep · min(k, e) / k times the average. Mixtral (8 experts, top-2) at ep 8 had been
+    capped at ep's 8 (65,536 rows on the busiest rank where 32,768 is the most routing can send), Qwen3-235B
+    (128, top-8) at ep 32 at 32 instead of 16; the expert GEMMs, all-to-alls and activations all scaled with it.
+    Found by a review of the MoE model."""
+    spec = load_model(model)
+    plan = PlanSpec(global_batch=256, dp=ep, ep=ep, expert_imbalance=1000.0)
+    assert expert_load(plan, spec) == cap
+    assert expert_load(replace(plan, expert_imbalance=1.5), spec) == 1.5
 
 
 def test_a_directory_given_as_a_model_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -408,6 +408,15 @@ def test_a_stack_knob_that_the_framework_would_refuse_makes_the_row_invalid(
         ({"global_batch": 66, "micro_batch": float("nan")}, "global_batch: must be a multiple of dp (8)"),
         ({"vp": 2}, "vp: must be 1 without pipeline parallelism, got vp=2 with pp=1"),
         ({"ep": 2}, "ep: needs a MoE model"),
+        # Found by a review of the MoE model: rows Megatron refuses to start were counted as infeasible misses.
+        (
+            {"arch": "moe", "num_experts": 6, "experts_topk": 2, "ep": 4},
+            "ep: must divide num_experts (6) (Megatron-LM asserts it), got 4",
+        ),
+        (
+            {"arch": "moe", "num_experts": 16, "experts_topk": 2, "ep": 16},
+            "ep: must divide a pipeline stage's tp·dp·cp (8)",
+        ),
         ({"arch": "dense", "experts_topk": 2}, "arch: is dense, but experts_topk is 2"),
         ({"measured_step_time_s": 1e-320}, "measured_step_time_s: must be a number of seconds of at least 1e-06"),
     ],

@@ -39,6 +39,7 @@ from simulator.parallel.program import (
     local_act_bytes,
     local_params,
     stage_params,
+    tied_copy_params,
     upcasts_gradients,
 )
 from simulator.parallel.schedule import Task, in_flight
@@ -228,7 +229,7 @@ def stage_memory(
         largest = 0.0
         for chunk in chunks:
             for name, _ in chunk.blocks:
-                gathered = 0.0
+                gathered = tied_copy_params(graph, layout, name) if dp > 1 else 0.0
                 for op in graph.block(name).forward:
                     if edp > 1 if is_expert_gemm(op) else dp > 1:
                         gathered += local_params(op, layout)
@@ -243,7 +244,10 @@ def stage_memory(
         # The separate accumulation's cast copy of one parameter's gradient at a time (PlanSpec docstring): the
         # largest operator's parameters, a bound on its largest tensor (an embedding operator holds two).
         tensor = max(
-            local_params(op, layout) for c in chunks for name, _ in c.blocks for op in graph.block(name).forward
+            max(local_params(op, layout), tied_copy_params(graph, layout, name) if op.name == "head.logits" else 0)
+            for c in chunks
+            for name, _ in c.blocks
+            for op in graph.block(name).forward
         )
         buffers += plan.grad_bytes * tensor
     if plan.grad_bytes < 4:

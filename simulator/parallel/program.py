@@ -254,11 +254,20 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
     dense = expert = 0.0
     for name, count in chunk.blocks:
         block_dense, block_expert, _, _ = _block_params(graph, layout, name)
-        dense += block_dense * count
+        dense += (block_dense + tied_copy_params(graph, layout, name)) * count
         expert += block_expert * count
-    if any(name == "head" for name, _ in chunk.blocks) and graph.model.tied_embeddings and layout.pp.size > 1:
-        dense += graph.model.vocab * graph.model.hidden / layout.tp.size
     return dense, expert
+
+
+def tied_copy_params(graph: ModelGraph, layout: Layout, block: str) -> float:
+    """The parameters of the output layer's own copy of a tied embedding matrix that one rank of block ``block``
+    holds: vocab·hidden/tp in the head when pipelining puts it on another stage than the embedding (Megatron-LM
+    keeps the copy there and all-reduces its gradient with the first stage's), else 0 (without pipelining the head
+    reads the embedding's weights: its ``head.logits`` op has no parameters of its own). The copy is gathered,
+    reduce-scattered and held like any other weight of the stage."""
+    if block == "head" and graph.model.tied_embeddings and layout.pp.size > 1:
+        return graph.model.vocab * graph.model.hidden / layout.tp.size
+    return 0.0
 
 
 def stage_params(graph: ModelGraph, layout: Layout, chunks: tuple[Chunk, ...]) -> tuple[float, float, float, float]:
@@ -481,6 +490,9 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
     for name, count in blocks:
         block = graph.block(name)
         f_ops, b_ops = sharded(block.forward), sharded(block.backward)
+        copy = tied_copy_params(graph, layout, name)
+        if copy:  # the output layer's own weights: gathered, scattered and accumulated like any other
+            f_ops = [op.with_(params=round(copy)) if op.name == "head.logits" else op for op in f_ops]
         instances += [(name, f_ops, b_ops)] * count
     # Forward; under ZeRO-3 each instance's parameters are gathered one instance ahead (prefetch).
     for j, (name, f_ops, _) in enumerate(instances):

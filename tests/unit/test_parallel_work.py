@@ -1234,3 +1234,28 @@ def test_zero2_pays_for_its_sharded_gradients_in_every_micro_batch() -> None:
     assert two.memory[0].buffers - one.memory[0].buffers >= 4.0 * params  # one layer's fp32 gradient at least
     assert two.step_time_s > one.step_time_s  # 8 micro-batches of reduce-scatters against one reduction
     assert two.breakdown["dp_exposed_s"] > one.breakdown["dp_exposed_s"]
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_the_last_stages_tied_output_copy_is_gathered_scattered_and_buffered(zero: int) -> None:
+    """With tied embeddings and pp > 1 the last stage holds its own copy of the embedding matrix (vocab·h/tp), counted
+    in its weights, but ZeRO-2/3's per-block reduce-scatter and ZeRO-3's gather left it out (``head.logits`` has no
+    parameters of its own without pipelining), as did the buffer of the largest block's unsharded gradient: BLOOM
+    176B at tp 4, pp 12 missed 1.05 GiB on stage 11 under ZeRO-2 and a 1.8 GB gather per pass under ZeRO-3. Found
+    by a review of the memory model."""
+    tied = replace(DENSE, tied_embeddings=True)
+    plan = _plan(tp=2, pp=2, dp=2, zero_stage=zero, sequence_parallel=True)
+    layout = resolve_layout(tied, CLUSTER, plan.with_(seq_len=tied.seq_len))
+    graph = build_graph(tied, layout.seq_len, layout.micro_batch, plan.attention)
+    head = tied.vocab * tied.hidden / 2 + tied.norm_params()  # the copy's shard and the final norm
+    comms = {s.work.name: s.work for prog in build_programs(graph, layout, (("head", 1),)) for s in prog}
+    assert comms["head.grad_reduce_scatter"].size_bytes == plan.grad_bytes * head
+    if zero == 3:
+        assert comms["head.param_all_gather"].size_bytes == 2 * head
+    # Without pipelining the head reads the embedding's weights: nothing of its own to gather or scatter.
+    flat = resolve_layout(tied, CLUSTER, plan.with_(seq_len=tied.seq_len, pp=1, dp=4))
+    comms = {s.work.name: s.work for prog in build_programs(graph, flat, (("head", 1),)) for s in prog}
+    assert comms["head.grad_reduce_scatter"].size_bytes == plan.grad_bytes * tied.norm_params()
+    last = simulate(tied, CLUSTER, plan).memory[-1]
+    untied = simulate(replace(DENSE, tied_embeddings=False), CLUSTER, plan).memory[-1]
+    assert last.buffers == untied.buffers  # the copy buffers as the untied output layer's own weights do

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from simulator.cost.communication import CommModel
 from simulator.cost.compute import ComputeModel
 from simulator.cost.memory import StageMemory, stage_memory
@@ -371,6 +373,10 @@ def simulate(
     ):
         if not isinstance(value, kind):  # a name or a dict where a spec belongs: say so, not an AttributeError
             raise SpecError(f"simulate: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", fix)
+    for name, flag in (("record", record), ("raise_infeasible", raise_infeasible), ("time_oom", time_oom)):
+        if not isinstance(flag, bool | np.bool_):  # time_oom="no" is a truthy string: it had timed the step
+            raise SpecError(f"simulate: {name}", f"must be True or False, got {flag!r}", "pass a bool")
+    record, raise_infeasible, time_oom = bool(record), bool(raise_infeasible), bool(time_oom)
     with _CALL_LOCK, _gc_paused():
         try:
             return _simulate(model, cluster, plan, record, time_oom)
@@ -476,9 +482,10 @@ def _check_precision(cluster: ClusterSpec, plan: PlanSpec) -> None:
     if plan.precision in peaks:
         return
     has = [p for p in ("fp8", "bf16", "fp16") if p in peaks]
+    fix = f"use {' or '.join(has)}" if has else f"the device lists no peak at all: give it peak_tflops_{plan.precision}"
     raise InfeasiblePlanError(
         f"precision {plan.precision} needs {plan.precision.upper()} tensor cores; {cluster.device.name} has none "
-        f"(use {' or '.join(has)})"
+        f"({fix})"
     )
 
 

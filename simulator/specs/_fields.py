@@ -142,6 +142,10 @@ class Fields:
                     )
                 raise self.error(key, "is required but missing", f"add '{key}: ...'")
             return default
+        if isinstance(value, np.generic):
+            # A what-if grid built with numpy or pandas hands over numpy scalars (np.int64(4096)), which the spec
+            # classes take when built directly (check_scalar_types): read as the Python number or flag they hold.
+            return value.item()
         return value
 
     def integer(

@@ -250,6 +250,12 @@ class ClusterSpec:
         check_scalar_types(self)
         if not isinstance(self.device, DeviceSpec):
             raise SpecError("device", f"must be a DeviceSpec, got {type(self.device).__name__}", "load_device(name)")
+        for key in ("calibration", "fabric_calibration"):
+            table = getattr(self, key)
+            if table is not None and not isinstance(table, CalibrationTable):
+                raise SpecError(
+                    key, f"must be a CalibrationTable or None, got {type(table).__name__}", "load_calibration(name)"
+                )
         check_choices(
             self,
             {"topology": TOPOLOGIES, "nvlink_topology": NVLINK_TOPOLOGIES, "domain_allocation": DOMAIN_ALLOCATIONS},

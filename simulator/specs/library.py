@@ -398,8 +398,16 @@ def apply_overrides(data: Any, overrides: Mapping[str, Any], scope: str) -> dict
     """A copy of ``data`` with dotted keys replaced; unknown top-level keys are refused by the spec later."""
     if not isinstance(data, dict):
         raise SpecError(scope, "cannot apply --set overrides to a file that is not a mapping", "fix the file")
+    if not isinstance(overrides, Mapping):
+        raise SpecError(
+            f"{scope} overrides",
+            f"must be a mapping of keys to values, got {type(overrides).__name__}",
+            "pass a dict such as {'nics_per_node': 4}",
+        )
     out: dict[str, Any] = copy.deepcopy(data)
     for dotted, value in overrides.items():
+        if not isinstance(dotted, str):
+            raise SpecError(f"{scope} overrides", f"keys must be text, got {dotted!r}", "name a key of the file")
         parts = dotted.split(".")
         target = out
         for part in parts[:-1]:

@@ -73,7 +73,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import MISSING, Fields, check_choices, check_ranges, check_scalar_types
+from simulator.specs._fields import MISSING, Fields, check_choices, check_ranges, check_scalar_types, did_you_mean
 from simulator.specs.calibration import ATTENTION_CLASSES
 
 __all__ = [
@@ -242,6 +242,12 @@ class PlanSpec:
             )
         if self.schedule == "interleaved" and self.vp == 1:
             raise SpecError("vp", "must be > 1 with the interleaved schedule, got vp=1", "raise vp or use 1f1b")
+        if self.pp == 1 and self.schedule == "interleaved":
+            raise SpecError(
+                "schedule",
+                "interleaved needs pipeline parallelism, got pp=1 (model chunks interleave over pipeline stages)",
+                "raise pp to 2 or more, or leave the schedule out",
+            )
         if self.pp == 1 and self.vp is not None and self.vp > 1:
             raise SpecError(
                 "vp",
@@ -361,7 +367,11 @@ class PlanSpec:
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
     def with_(self, **changes: Any) -> PlanSpec:
-        """A copy with some fields changed (``dataclasses.replace``)."""
+        """A copy with some fields changed (``dataclasses.replace``); an unknown field is a SpecError naming it."""
+        known = {f.name for f in fields(self)}
+        for key in changes:
+            if key not in known:
+                raise SpecError(f"plan: {key}", f"unknown key{did_you_mean(key, known)}", "use a PlanSpec field")
         return replace(self, **changes)
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -278,3 +279,47 @@ def test_a_sweep_can_skip_timing_plans_that_do_not_fit() -> None:
         assert math.isnan(untimed.step_time_s)
     fits = PlanSpec(tp=8, pp=4, dp=8, global_batch=512)
     assert simulate(model, cluster, fits, time_oom=False).to_dict() == simulate(model, cluster, fits).to_dict()
+
+
+# -- found by a review of the Python API for sweeps --------------------------------------------------------------
+
+
+def test_an_interleaved_schedule_without_a_pipeline_is_refused_where_the_plan_is_built() -> None:
+    """PlanSpec(pp=1, schedule='interleaved') was accepted and the free-vp search then built vp=2 with pp=1 itself,
+    a SpecError out of simulate(..., raise_infeasible=False) that a sweep does not expect. The contradiction is the
+    plan's own, as vp > 1 with pp 1 is: refused by the constructor, with the fix."""
+    with pytest.raises(SpecError, match="schedule: interleaved needs pipeline parallelism, got pp=1"):
+        PlanSpec(tp=2, dp=4, global_batch=32, schedule="interleaved")
+    model = load_model("llama3-8b")
+    result = simulate(model, A100, PlanSpec(tp=2, dp=4, global_batch=32), raise_infeasible=False)
+    assert result.plan.vp == 1
+
+
+def test_numpy_scalars_are_taken_by_what_if_overrides() -> None:
+    """A grid built with numpy or pandas hands over numpy scalars: PlanSpec and ModelSpec took them, the override
+    readers (ModelSpec.with_, load_cluster's overrides) refused np.int64(4096) as 'not a whole number'."""
+    np = pytest.importorskip("numpy")
+    assert load_model("llama3-8b").with_(hidden=np.int64(4096)).hidden == 4096
+    assert load_cluster("dgx-h100", {"nics_per_node": np.int64(4)}).nics_per_node == 4
+    assert load_cluster("dgx-h100", None, {"hbm_gib": np.float32(96)}).device.hbm_bytes == 96 * 2**30
+    grid = PlanSpec(global_batch=8).with_(global_batch=np.int64(16))
+    assert grid.global_batch == 16
+    assert type(grid.global_batch) is int
+
+
+@pytest.mark.parametrize(
+    ("call", "fragment"),
+    [
+        (lambda: load_cluster("dgx-h100", [("nics_per_node", 4)]), "must be a mapping of keys to values, got list"),
+        (lambda: load_cluster("dgx-h100", {1: 0}), "keys must be text, got 1"),
+        (lambda: PlanSpec(global_batch=8).with_(micro_bach=1), "micro_bach: unknown key (did you mean 'micro_batch'?)"),
+        (lambda: replace(A100, calibration={}), "calibration: must be a CalibrationTable or None, got dict"),
+        (lambda: simulate(load_model("llama3-8b"), A100, PlanSpec(global_batch=8), time_oom="no"), "time_oom"),
+        (lambda: simulate(load_model("llama3-8b"), A100, PlanSpec(global_batch=8), record=1), "record"),
+    ],
+)
+def test_wrong_arguments_to_the_api_are_spec_errors(call: object, fragment: str) -> None:
+    """Each was a raw AttributeError or TypeError, or (time_oom='no', a truthy string) silently taken as True."""
+    with pytest.raises(SpecError) as info:
+        call()  # type: ignore[operator]
+    assert fragment in str(info.value)

@@ -204,6 +204,10 @@ def stage_memory(
         # With fp8_param the FP8 weight (1 byte) and its cached transpose (1 byte) take the 16-bit copy's place.
         weights += FP8_WEIGHT_CACHE_BYTES * per_rank(fp8_dense, fp8_expert, 3)
     gradients = plan.grad_bytes * per_rank(dense, expert, 2)
+    if upcasts_gradients(layout):
+        # DeepSpeed's BF16_Optimizer keeps every parameter's 16-bit .grad from the backward until the next one
+        # starts (PlanSpec docstring, grad_accum_upcast_copy): 2 bytes per local parameter beside the buffer.
+        gradients += 2.0 * (dense + expert)
     optimizer = 12.0 * per_rank(dense, expert, 1)
 
     if live is None:

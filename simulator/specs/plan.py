@@ -46,6 +46,9 @@ two kernels, as DeepSpeed's ``BF16_Optimizer`` runs it after every micro-batch's
 (``deepspeed/runtime/bf16_optimizer.py``, ``update_hp_grads``: ``hp_grad.add_(lp.grad.to(hp_grad.dtype))``): a
 copy of the 16-bit gradient cast up to the buffer's dtype, then the add, 8 more bytes per parameter with an fp32
 buffer; the copy of the largest parameter tensor is a transient buffer. With a 16-bit buffer the cast is a no-op.
+The 16-bit gradients themselves stay allocated after it (``backward`` calls ``update_hp_grads(clear_lp_grads=False)``
+and frees them only when the next backward starts, ``clear_lp_grads``), so every local parameter also holds 2 bytes
+of 16-bit gradient beside the buffer (:func:`simulator.cost.memory.stage_memory`).
 ``fp8_param`` (off by default, as Megatron-Core's ``--fp8-param-gather``; NeMo's ``fp8_params``; Megatron-Bridge's
 FP8 recipes turn it on) keeps the weights of the FP8 GEMMs in FP8 only when training in FP8: no 16-bit copy
 beside Transformer Engine's quantized one, and the distributed optimizer gathers them in 1 byte instead of 2.

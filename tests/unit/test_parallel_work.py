@@ -314,6 +314,18 @@ def test_upcast_copy_accumulation_is_a_cast_then_an_add() -> None:
     largest = max(op.params for op in build_graph(DENSE, 1024, 1).block("embedding").forward)
     assert largest == (DENSE.vocab + DENSE.seq_len) * DENSE.hidden
     assert copied.memory[0].buffers == pytest.approx(one_add.memory[0].buffers + 4.0 * largest)
+    # BF16_Optimizer.backward keeps the 16-bit .grad of every parameter (update_hp_grads(clear_lp_grads=False))
+    # until the next backward: 2 bytes per local parameter beside the fp32 buffer. Found by a review of the memory
+    # model (BLOOM 176B's stack had been 7.4 GiB short on stage 0).
+    local = (
+        sum(
+            op.params
+            for name in ("embedding", "layer.dense", "head")
+            for op in build_graph(DENSE, 1024, 1).block(name).forward
+        )
+        + (DENSE.layers - 1) * params
+    )
+    assert copied.memory[0].gradients == pytest.approx(one_add.memory[0].gradients + 2.0 * local)
     # Memory counts the copy exactly where the programs run it: ZeRO-3 over one rank still accumulates, over two
     # its gradients are reduce-scattered instead.
     for z3, runs in ((plan.with_(zero_stage=3), True), (plan.with_(zero_stage=3, dp=2, global_batch=16), False)):

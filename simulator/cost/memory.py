@@ -10,7 +10,8 @@ Per stage (Design: Physics, Weights/gradients/optimizer and Activation memory):
 * optimizer: 12 bytes (fp32 master weight, Adam momentum and variance), divided by dp under ZeRO-1 and up
   (Megatron's distributed optimizer; Rajbhandari et al. 2020, Sec. 5);
 * activations: what each model chunk keeps per micro-batch (from the operator graph, sharded), times the
-  number of micro-batches the schedule holds at its peak (read off the generated task order). Full
+  number of micro-batches the schedule holds at its peak (read off the generated task order; under zb_h1 a
+  micro-batch past its B holds what its deferred W needs instead, :func:`_weight_grad_store`). Full
   recomputation keeps only each layer's input (Korthikanti et al. 2022, Sec. 5) plus one layer's working
   set while it is recomputed (with ``recompute_layers`` only the chunk's first layers recompute and the others
   keep everything, Megatron-LM's block method); selective recomputation drops what the attention core alone keeps,
@@ -31,10 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simulator.graph.ops import Op
 from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
 from simulator.parallel.program import (
     attention_output_copy_bytes,
+    build_programs,
+    fp8_gemm,
     is_expert_gemm,
     local_act_bytes,
     local_params,
@@ -178,6 +182,20 @@ def _chunk_activations(
     return kept, working
 
 
+def _weight_grad_store(graph: ModelGraph, layout: Layout, chunk: Chunk) -> float:
+    """Bytes one micro-batch keeps for ``chunk`` between its B and its deferred W (zb_h1): the two operands of every
+    weight-gradient GEMM, the layer input and the output gradient of each weight GEMM, which the zero-bubble
+    reference queues in its ``WeightGradStore`` (Qi et al. 2023, arXiv:2401.10241, Sec. 2: M_W). Under
+    recomputation they are the tensors B re-created; without it, what B leaves of the forward's activations. 16-bit,
+    1 byte for an FP8 GEMM's (Transformer Engine's quantized copies)."""
+    stored = 0.0
+    for step in build_programs(graph, layout, chunk.blocks)[2]:
+        op = step.work
+        if isinstance(op, Op) and op.kind == "gemm" and op.phase == "bwd_weight":
+            stored += (1.0 if fp8_gemm(op, layout) else 2.0) * op.batch * (op.m * op.k + op.k * op.n)
+    return stored
+
+
 def stage_memory(
     graph: ModelGraph,
     layout: Layout,
@@ -219,8 +237,15 @@ def stage_memory(
         kept, work = _chunk_activations(graph, layout, chunk, kept_by_block)
         kept_by_chunk[chunk.chunk] += kept
         working = max(working, work)
-    # The largest mix of live micro-batches the order reaches, weighted by what each chunk keeps.
-    activations = max(sum(k * n for k, n in zip(kept_by_chunk, counts, strict=True)) for counts in live)
+    # The largest mix of live micro-batches the order reaches, weighted by what each chunk keeps (with deferred
+    # weight-gradient passes, and what a micro-batch past its B keeps for its W: schedule._in_flight_split).
+    held = kept_by_chunk
+    if live and len(live[0]) == 2 * layout.vp:
+        stored = [0.0] * layout.vp
+        for chunk in chunks:
+            stored[chunk.chunk] += _weight_grad_store(graph, layout, chunk)
+        held = kept_by_chunk + stored
+    activations = max(sum(k * n for k, n in zip(held, counts, strict=True)) for counts in live)
     activations += working
 
     buffers = RESERVED_BYTES

@@ -159,15 +159,17 @@ def _zb_h1(p: int, s: int, m: int) -> tuple[Task, ...]:
 def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[tuple[int, ...], ...]:
     """The micro-batches per chunk whose activations a stage holds at each moment that can be its memory peak.
 
-    A forward adds its micro-batch; the backward that consumes the activations (B, or W for zb_h1 where
-    W still needs the layer inputs) releases it. Each entry is a tuple of length ``v`` (entry c: chunk-c
-    micro-batches live) taken just before a release; entries that another entry matches or exceeds in every
-    chunk are left out. With one chunk that is the single peak count; with several, chunks of different sizes
-    (uneven layer splits, the embedding and head on the end chunks) can peak at different moments, so the
-    memory peak is the largest weighted sum over these entries (:func:`simulator.cost.memory.stage_memory`),
-    not the mix at the moment the total count peaks.
+    A forward adds its micro-batch; the backward that consumes the activations releases it (with deferred
+    weight-gradient passes, zb_h1, see :func:`_in_flight_split`: entries of length 2v). Each entry is a tuple
+    of length ``v`` (entry c: chunk-c micro-batches live) taken just before a release; entries that another entry
+    matches or exceeds in every chunk are left out. With one chunk that is the single peak count; with several,
+    chunks of different sizes (uneven layer splits, the embedding and head on the end chunks) can peak at
+    different moments, so the memory peak is the largest weighted sum over these entries
+    (:func:`simulator.cost.memory.stage_memory`), not the mix at the moment the total count peaks.
     """
-    release = "W" if any(t.kind == "W" for t in order) else "B"
+    if any(t.kind == "W" for t in order):
+        return _in_flight_split(order, v)
+    release = "B"
     live = [0] * v
     peaks: set[tuple[int, ...]] = set()
     rising = False
@@ -183,6 +185,28 @@ def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[tuple[int, ...], ...
     if rising or not peaks:
         peaks.add(tuple(live))
     return tuple(_undominated(peaks))
+
+
+def _in_flight_split(order: tuple[Task, ...], v: int) -> tuple[tuple[int, ...], ...]:
+    """:func:`in_flight` of an order with deferred weight-gradient passes (zb_h1): entries of length 2v, the chunk's
+    micro-batches between their F and B (holding the forward's activations) and then those between their B and W
+    (holding only what W needs, :func:`simulator.cost.memory.stage_memory`). Since a B can add memory (a W that
+    needs more than the forward kept, under recomputation), every state after an F or a B is a candidate peak."""
+    held = [0] * (2 * v)
+    states: set[tuple[int, ...]] = set()
+    for t in order:
+        if t.kind == "F":
+            held[t.chunk] += 1
+        elif t.kind == "B":
+            held[t.chunk] -= 1
+            held[v + t.chunk] += 1
+        else:
+            held[v + t.chunk] -= 1
+            continue
+        states.add(tuple(held))
+    if not states:
+        states.add(tuple(held))
+    return tuple(_undominated(states))
 
 
 def _undominated(entries: set[tuple[int, ...]]) -> list[tuple[int, ...]]:

@@ -1271,3 +1271,28 @@ def test_the_last_stages_tied_output_copy_is_gathered_scattered_and_buffered(zer
     last = simulate(tied, CLUSTER, plan).memory[-1]
     untied = simulate(replace(DENSE, tied_embeddings=False), CLUSTER, plan).memory[-1]
     assert last.buffers == untied.buffers  # the copy buffers as the untied output layer's own weights do
+
+
+@pytest.mark.parametrize("recompute", ["full", "none"])
+def test_zero_bubble_memory_counts_what_the_deferred_weight_pass_keeps(recompute: str) -> None:
+    """A micro-batch past its B waits for its W holding each weight GEMM's input and output gradient (the zero-bubble
+    reference's WeightGradStore; Qi et al. 2023: M_W = 32·s·b·h per layer without TP). It had been charged what the
+    forward kept: under full recomputation only the layer input, though B re-creates the GEMM inputs and W still
+    needs them (Llama 2 70B, tp 8, pp 4: 0.76 GiB on every stage where the last holds four W-pending micro-batches'
+    ~7 GiB each). Found by a review of the memory model."""
+    plan = _plan(tp=2, pp=2, dp=1, schedule="zb_h1", recompute=recompute, sequence_parallel=True)
+    layout = resolve_layout(DENSE, CLUSTER, plan.with_(seq_len=DENSE.seq_len))
+    graph = build_graph(DENSE, layout.seq_len, layout.micro_batch, plan.attention)
+    layers = DENSE.layers // 2
+    wgt = build_programs(graph, layout, (("layer.dense", layers),))[2]
+    store = sum(2.0 * s.work.batch * (s.work.m * s.work.k + s.work.k * s.work.n) for s in wgt if s.work.kind == "gemm")
+    # Per layer the inputs of qkv and up are gathered over tp and the output gradients of proj and down whole: four
+    # 16-bit tokens × hidden tensors at least, besides the sharded ones.
+    assert store >= layers * 4 * 2.0 * DENSE.seq_len * DENSE.hidden
+    last = simulate(DENSE, CLUSTER, plan).memory[-1]
+    head = build_programs(graph, layout, (("head", 1),))[2]
+    store += sum(
+        2.0 * s.work.batch * (s.work.m * s.work.k + s.work.k * s.work.n) for s in head if s.work.kind == "gemm"
+    )
+    held = min(2, plan.global_batch)  # the last stage holds p = 2 micro-batches waiting for their W at its peak
+    assert last.activations >= held * store

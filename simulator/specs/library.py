@@ -5,8 +5,11 @@ the repository; a wheel carries them inside the package as ``simulator/_data/`` 
 finds them too. A file's stem is its name (``models/gpt3-175b.yaml`` is ``gpt3-175b``), matched without
 regard to case; directories listed in the ``CLUSTERSIM_PATH`` environment variable (``:``-separated, each
 holding ``models/`` or ``hardware_profiles/``) are searched first. Anything that looks like a path is
-read as a file: YAML, or a Hugging Face ``config.json`` for models. Loaded specs are cached per file, so
-repeated lookups (sweeps) do no I/O.
+read as a file: YAML, or a Hugging Face ``config.json`` for models. Loaded specs are cached per file (its path and
+modification time), so a repeated lookup parses nothing, but it still finds and stats the file (a name lists the
+library's folders, about 10 file-system calls), and overrides (``load_cluster(name, {...})``) re-read the YAML
+they change: a sweep loads its specs once, outside the loop, and varies them with ``ModelSpec.with_``,
+``PlanSpec.with_`` or ``dataclasses.replace`` (a cluster).
 """
 
 from __future__ import annotations

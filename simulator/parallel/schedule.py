@@ -169,7 +169,6 @@ def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[tuple[int, ...], ...
     """
     if any(t.kind == "W" for t in order):
         return _in_flight_split(order, v)
-    release = "B"
     live = [0] * v
     peaks: set[tuple[int, ...]] = set()
     rising = False
@@ -177,7 +176,7 @@ def in_flight(order: tuple[Task, ...], v: int = 1) -> tuple[tuple[int, ...], ...
         if t.kind == "F":
             live[t.chunk] += 1
             rising = True
-        elif t.kind == release:
+        elif t.kind == "B":
             if rising:
                 peaks.add(tuple(live))
                 rising = False

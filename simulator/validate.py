@@ -59,7 +59,7 @@ import pandas as pd
 
 from simulator.errors import InfeasiblePlanError, SpecError
 from simulator.run import simulate
-from simulator.specs._fields import Fields
+from simulator.specs._fields import MAX_COUNT, Fields
 from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import builtin_roots, data_roots, load_cluster
@@ -249,7 +249,6 @@ def _cell(row: pd.Series, col: str) -> Any:
 
 # A number as a CSV cell writes one: ASCII digits, an optional sign, point and exponent. Python's float() also
 # takes "1_000", "inf" and other scripts' digits, which in a measured-runs file are typing errors.
-_MAX_WHOLE = 2**53
 _NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
 
 
@@ -289,7 +288,7 @@ def _int_or_none(row: pd.Series, col: str, where: str) -> int | None:
         value = _int(row, col, where)
     except SpecError:
         return None
-    return value if value is None or abs(value) <= _MAX_WHOLE else None
+    return value if value is None or abs(value) <= MAX_COUNT else None
 
 
 def _required_int(row: pd.Series, col: str, where: str) -> int:

@@ -168,8 +168,10 @@ def _print_missing(missing: Sequence[tuple[str, str]]) -> None:
     """The shapes a profile has no row for: those that failed (a rerun fails alike unless the cause is fixed: an
     out-of-memory shape needs a smaller --micro-batch or --seq-len, or a GPU with more memory), then those the run
     never reached (a rerun measures them)."""
-    failed = [(key, why) for key, why in missing if why != "not measured"]
-    unreached = [key for key, why in missing if why == "not measured"]
+    from simulator.calibration.profile import NOT_MEASURED
+
+    failed = [(key, why) for key, why in missing if why != NOT_MEASURED]
+    unreached = [key for key, why in missing if why == NOT_MEASURED]
     if failed:
         oom = any("out of memory" in why.lower() or "outofmemory" in why.lower() for _, why in failed)
         fix = "lower --micro-batch or --seq-len, or profile on a GPU with more memory" if oom else "fix the cause"

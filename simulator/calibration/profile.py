@@ -66,6 +66,7 @@ from simulator.specs.model import ModelSpec
 __all__ = [
     "COLLECTIVES_CSV",
     "KERNELS_CSV",
+    "NOT_MEASURED",
     "ProfileReport",
     "Shape",
     "collective_shapes",
@@ -317,6 +318,10 @@ def _record_failure(out: Path, key: str, reason: str) -> None:
         os.fsync(fh.fileno())
 
 
+# The reason missing_shapes gives a shape that never failed: the run stopped before it (a rerun measures it).
+NOT_MEASURED = "not measured"
+
+
 def missing_shapes(out: Path) -> list[tuple[str, str]]:
     """``(shape, reason)`` for every planned shape of the profile in ``out`` that has no row yet.
 
@@ -332,7 +337,7 @@ def missing_shapes(out: Path) -> list[tuple[str, str]]:
         with path.open(newline="", encoding="utf-8", errors="replace") as fh:  # reasons only: never fatal
             for rec in csv.DictReader(fh):
                 reasons[rec.get("shape") or ""] = rec.get("reason") or ""
-    return [(key, reasons.get(key, "not measured")) for key in sorted(planned) if key not in done]
+    return [(key, reasons.get(key, NOT_MEASURED)) for key in sorted(planned) if key not in done]
 
 
 @dataclass(frozen=True, slots=True)

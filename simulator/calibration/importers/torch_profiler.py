@@ -40,6 +40,7 @@ from typing import Any
 
 from simulator.calibration.rows import Measurement, read_text
 from simulator.errors import CalibrationError
+from simulator.specs._fields import MAX_COUNT
 
 __all__ = ["import_torch_trace"]
 
@@ -401,7 +402,7 @@ def _count(value: Any) -> int:
         number = float(value)
     except (TypeError, ValueError):
         return 0
-    return int(number) if math.isfinite(number) and 0 <= number <= 2**53 else 0
+    return int(number) if math.isfinite(number) and 0 <= number <= MAX_COUNT else 0
 
 
 def _parents(ops: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

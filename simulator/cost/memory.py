@@ -42,6 +42,7 @@ from simulator.parallel.program import (
     is_expert_gemm,
     local_act_bytes,
     local_params,
+    separately_accumulated,
     stage_params,
     tied_copy_params,
     upcasts_gradients,
@@ -224,8 +225,9 @@ def stage_memory(
     gradients = plan.grad_bytes * per_rank(dense, expert, 2)
     if upcasts_gradients(layout):
         # DeepSpeed's BF16_Optimizer keeps every parameter's 16-bit .grad from the backward until the next one
-        # starts (PlanSpec docstring, grad_accum_upcast_copy): 2 bytes per local parameter beside the buffer.
-        gradients += 2.0 * (dense + expert)
+        # starts (PlanSpec docstring, grad_accum_upcast_copy): 2 bytes per separately accumulated local parameter
+        # beside the buffer.
+        gradients += 2.0 * separately_accumulated(dense, expert, layout)
     optimizer = 12.0 * per_rank(dense, expert, 1)
 
     if live is None:

@@ -57,6 +57,7 @@ __all__ = [
     "local_act_bytes",
     "local_params",
     "param_all_gathers",
+    "separately_accumulated",
     "shard_op",
     "stage_params",
     "upcasts_gradients",
@@ -510,9 +511,8 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
         if len(instances) - 1 - j in recomputed:
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
-        if _accumulates_separately(layout):
-            for accumulate in _grad_accumulate(f_ops, layout, name):
-                (wgt if split_w else bwd).compute(accumulate)
+        for accumulate in _grad_accumulate(f_ops, layout, name):
+            (wgt if split_w else bwd).compute(accumulate)
         if scatters:
             # Overlapped (FSDP, DeepSpeed's overlap_comm): on the data-parallel stream, nothing waits. Without
             # overlap (DeepSpeed ZeRO-2's default overlap_comm false) the reduction runs in the backward hook and the
@@ -564,11 +564,25 @@ def _grad_scatters(f_ops: list[Op], layout: Layout, name: str) -> list[Comm]:
     ]
 
 
+def separately_accumulated(dense: float, expert: float, layout: Layout) -> float:
+    """Of ``dense`` and routed-``expert`` local parameters, those whose fresh gradients each micro-batch's backward
+    adds into the buffer in kernels of its own: none with gradient-accumulation fusion; under ZeRO-2 or ZeRO-3, only
+    those with no group to be reduce-scattered over (:func:`_sharding_groups`: dense over dp, experts over edp), the
+    others being scattered away instead (the reduced shard's add into the sharded buffer, 1/dp of the work, is left
+    out)."""
+    if layout.plan.grad_accum_fusion:
+        return 0.0
+    if not reduces_in_backward(layout.plan):
+        return dense + expert
+    return (dense if layout.dp.size == 1 else 0.0) + (expert if layout.edp.size == 1 else 0.0)
+
+
 def _accumulates_separately(layout: Layout) -> bool:
-    """Whether each micro-batch's backward adds its fresh gradients into the buffer in kernels of its own: without
-    gradient-accumulation fusion, and not under ZeRO-2 or ZeRO-3, whose gradients are reduce-scattered away instead
-    (the reduced shard's add into the sharded buffer, 1/dp of the work, is left out)."""
-    return not layout.plan.grad_accum_fusion and not (layout.plan.zero_stage >= 2 and layout.dp.size > 1)
+    """Whether some local parameters' gradients may be accumulated separately (:func:`separately_accumulated`; a
+    dense model's edp is dp·cp, so its edp of 1 means dp 1)."""
+    return not layout.plan.grad_accum_fusion and (
+        not reduces_in_backward(layout.plan) or layout.dp.size == 1 or layout.edp.size == 1
+    )
 
 
 def upcasts_gradients(layout: Layout) -> bool:
@@ -578,10 +592,10 @@ def upcasts_gradients(layout: Layout) -> bool:
 
 
 def _grad_accumulate(f_ops: list[Op], layout: Layout, name: str) -> list[Op]:
-    """The separate gradient-accumulation kernels of a block (:func:`_accumulates_separately`): the fresh 16-bit
+    """The separate gradient-accumulation kernels of a block (:func:`separately_accumulated`): the fresh 16-bit
     gradient of each local parameter is added into the buffer in ``grad_dtype``, in one kernel, or cast to a copy
     in the buffer's dtype first and then added (:func:`upcasts_gradients`)."""
-    params = sum(op.params for op in f_ops)
+    params = separately_accumulated(*_split_params(f_ops), layout)
     if params <= 0:
         return []
     acc = layout.plan.grad_bytes

@@ -1296,3 +1296,35 @@ def test_zero_bubble_memory_counts_what_the_deferred_weight_pass_keeps(recompute
     )
     held = min(2, plan.global_batch)  # the last stage holds p = 2 micro-batches waiting for their W at its peak
     assert last.activations >= held * store
+
+
+def test_separate_accumulation_covers_exactly_the_gradients_not_reduce_scattered() -> None:
+    """Under ZeRO-2/3 the dense gradients are reduce-scattered over dp and the routed experts' over edp
+    (``_sharding_groups``); whichever of the two has a group of one is not scattered and, without accumulation
+    fusion, is added into the buffer by its own kernel each micro-batch. Found by a review: the test had been
+    ``dp > 1`` for both, so with dp 1 and edp 2 the experts were both accumulated and scattered, and with dp 2 and
+    edp 1 (ep spanning every data-parallel rank) their gradients were never accumulated."""
+    graph = build_graph(MOE, 1024, 1)
+
+    def accumulated(**kw: object) -> float:
+        layout = resolve_layout(MOE, CLUSTER, _plan(grad_accum_fusion=False, zero_stage=2, **kw))
+        bwd = build_programs(graph, layout, (("layer.moe", 1),))[1]
+        adds = [s.work for s in bwd if not isinstance(s.work, Comm) and s.work.name.endswith(".grad_accumulate")]
+        return sum(op.write_bytes for op in adds) / layout.plan.grad_bytes
+
+    layout = resolve_layout(MOE, CLUSTER, _plan(tp=4, ep=2, expert_tp=1))
+    assert (layout.dp.size, layout.edp.size) == (1, 2)
+    expert = sum(local_params(op, layout) for op in graph.block("layer.moe").forward if is_expert_gemm(op))
+    dense = sum(local_params(op, layout) for op in graph.block("layer.moe").forward) - expert
+    assert expert > 0
+    assert dense > 0
+    # dp 1, edp 2: the experts are scattered, the dense parameters accumulated
+    assert accumulated(tp=4, ep=2, expert_tp=1) == pytest.approx(dense)
+    both = resolve_layout(MOE, CLUSTER, _plan(dp=2, ep=2, global_batch=16))
+    assert both.edp.size == 1
+    expert2 = sum(local_params(op, both) for op in graph.block("layer.moe").forward if is_expert_gemm(op))
+    assert accumulated(dp=2, ep=2, global_batch=16) == pytest.approx(expert2)  # dp 2, edp 1: the experts
+    # BF16_Optimizer's kept 16-bit .grad is memory for exactly those parameters.
+    kw: dict[str, object] = {"dp": 2, "ep": 2, "global_batch": 16, "zero_stage": 2, "grad_accum_fusion": False}
+    copied = _sim(MOE, _plan(grad_accum_upcast_copy=True, **kw)).memory[0].gradients
+    assert copied - _sim(MOE, _plan(**kw)).memory[0].gradients == pytest.approx(2.0 * MOE.layers * expert2)

@@ -13,13 +13,18 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from simulator import __version__
 from simulator.errors import CalibrationError, InfeasiblePlanError, SimulatorError, SpecError
 from simulator.specs._fields import check_count, did_you_mean, kind_of
 from simulator.specs.plan import AUTO
 from simulator.units import GIB, fmt_knob, fmt_seconds
+
+if TYPE_CHECKING:
+    from simulator.specs.hardware import ClusterSpec
+    from simulator.specs.model import ModelSpec
+    from simulator.specs.plan import PlanSpec
 
 __all__ = ["main", "main_entry"]
 
@@ -238,6 +243,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"{plan.precision}, so {'it changes' if len(unused) == 1 else 'they change'} nothing",
             file=sys.stderr,
         )
+    _note_inert_param_gather(result.plan, model, cluster)
     used = expert_load(result.plan, model) if model.moe is not None else 1.0
     if model.moe is not None and used < result.plan.expert_imbalance:
         caps = []
@@ -322,6 +328,34 @@ def _token_count(text: str) -> float:
             "check the suffix: K, M, B and T are thousands, millions, billions and trillions of tokens",
         )
     return value
+
+
+def _note_inert_param_gather(plan: PlanSpec, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """A note on stderr where ``param_gather_at_step_start`` is set but cannot act: it moves the first parameter
+    bucket's gather under ZeRO-1/2 with overlapped gathers, without interleaving, over a group of more than one
+    rank (``run._param_gather_buckets``, the engine's ``_gathers_on_arrival``). Accepted, as the FP8-only knobs
+    are, since a sweep keeps one plan across zero stages; read from the resolved plan, so a free knob counts as
+    chosen."""
+    if not plan.param_gather_at_step_start:
+        return
+    why = []
+    if plan.zero_stage not in (1, 2):
+        why.append(f"zero_stage {plan.zero_stage}: only ZeRO-1/2 gather the parameters after the step")
+    if plan.grad_overlap is False:
+        why.append("grad_overlap off: the gathers run after the step, not in the next one's forward")
+    if plan.vp is not None and plan.vp > 1:
+        why.append(f"vp {plan.vp}: the interleaved schedule dispatches the gathers itself")
+    if plan.dp == 1:
+        from simulator.parallel.layout import resolve_layout
+
+        try:
+            alone = resolve_layout(model, cluster, plan).edp.size == 1  # experts sharded over edp, which may be > 1
+        except SimulatorError:  # a plan that cannot run says so itself
+            alone = False
+        if alone:
+            why.append("dp 1: no group to gather over")
+    if why:
+        print(f"note: param_gather_at_step_start changes nothing here ({'; '.join(why)})", file=sys.stderr)
 
 
 def _calibration_hint(cluster: Any) -> str:
@@ -708,7 +742,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from simulator.specs.model import ModelSpec
     from simulator.specs.plan import PlanSpec
 
-    failures = 0
+    failures = cannot_run = 0
     for path in args.files:
         try:
             if path.suffix.lower() == ".json":
@@ -753,14 +787,28 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     merged = {**defaults, **data}
                     if "dp" in defaults:
                         merged["dp"] = 1  # also over 'dp: auto'
-                    PlanSpec.from_mapping(merged, where)
+                    plan = PlanSpec.from_mapping(merged, where)
                     if left:
                         kind += "; left to the command line: " + ", ".join(left)
+                    elif problem := _batch_split_problem(plan):
+                        cannot_run += 1
+                        print(f"infeasible: {path}: the plan cannot run: {problem}", file=sys.stderr)
+                        continue
             print(f"ok: {path} ({kind})")
         except SpecError as err:
             failures += 1
             print(f"error: {err}", file=sys.stderr)
-    return EXIT_BAD_INPUT if failures else EXIT_OK
+    return EXIT_BAD_INPUT if failures else EXIT_INFEASIBLE if cannot_run else EXIT_OK
+
+
+def _batch_split_problem(plan: PlanSpec) -> str | None:
+    """Why a plan's global batch cannot be split over its data-parallel replicas (``resolve_layout``'s rule, which
+    ``simulate`` answers as a plan that cannot run), or None; a free micro-batch needs dp to divide it only."""
+    mb = plan.micro_batch or 1
+    if plan.global_batch % (plan.dp * mb) == 0:
+        return None
+    what = f"dp·micro_batch ({plan.dp}·{mb} = {plan.dp * mb})" if plan.micro_batch else f"dp ({plan.dp})"
+    return f"global_batch must be a multiple of {what}, got {plan.global_batch}; fix global_batch, dp or micro_batch"
 
 
 def _guess_kind(data: Any, path: Path) -> str:

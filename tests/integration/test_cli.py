@@ -336,6 +336,33 @@ def test_fp8_only_knobs_in_a_16_bit_run_are_noted(
     assert ("note: fp8_param only acts in FP8 runs; this one is bf16, so it changes nothing" in err) is noted
 
 
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ([], None),
+        (["--zero", "0"], "zero_stage 0"),
+        (["--zero", "3"], "zero_stage 3"),
+        (["--no-grad-overlap"], "grad_overlap off"),
+        (["--pp", "2", "--vp", "2"], "vp 2"),
+        (["--gpus", "8"], "dp 1"),
+    ],
+)
+def test_param_gather_at_step_start_where_it_cannot_act_is_noted(
+    capsys: pytest.CaptureFixture[str], extra: list[str], why: str | None
+) -> None:
+    """The knob moves the first parameter bucket's gather under ZeRO-1/2 with overlapped gathers, without
+    interleaving, over a data-parallel group of more than one rank (run._param_gather_buckets, the engine's
+    _gathers_on_arrival); anywhere else it had been accepted and done nothing, without a word."""
+    argv = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "32", "--tp", "8"]
+    argv += ["--global-batch", "32", "--micro-batch", "1", "--zero", "1", "--param-gather-at-step-start", *extra]
+    code, _, err = run(argv, capsys)
+    assert code == 0, err
+    if why is None:
+        assert "param_gather_at_step_start" not in err
+    else:
+        assert f"note: param_gather_at_step_start changes nothing here ({why}" in err
+
+
 def test_every_shipped_yaml_checks(capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 2: every shipped YAML passes clustersim check."""
     files = []

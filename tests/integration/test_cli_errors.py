@@ -488,6 +488,34 @@ def test_check_accepts_plan_files_that_leave_knobs_to_the_command_line(
     assert ("(plan)" in out) if left is None else (f"(plan; left to the command line: {left})" in out)
 
 
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("tp: 8\ngpus: 32\nglobal_batch: 10\nmicro_batch: 1\n", "a multiple of dp·micro_batch (4·1 = 4)"),
+        ("dp: 4\nglobal_batch: 12\nmicro_batch: 2\n", "a multiple of dp·micro_batch (4·2 = 8)"),
+        ("dp: 4\nglobal_batch: 10\n", "a multiple of dp (4)"),
+        ("dp: 16\nglobal_batch: 8\n", "a multiple of dp (16)"),
+        ("dp: 4\nglobal_batch: 8\nmicro_batch: 2\n", None),
+        ("dp: 4\nglobal_batch: 12\n", None),
+    ],
+)
+def test_check_says_a_plan_file_whose_batch_cannot_split_cannot_run(
+    content: str, problem: str | None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check had said ok to a plan whose global batch is no multiple of dp·micro_batch, which simulate then judged
+    unable to run (exit 3): check says so and exits as simulate would."""
+    (tmp_path / "plan.yaml").write_text(content)
+    code = main(["check", str(tmp_path / "plan.yaml")])
+    out, err = capsys.readouterr()
+    if problem is None:
+        assert code == 0
+        assert "cannot run" not in out + err
+    else:
+        assert code == 3
+        assert "plan.yaml: the plan cannot run: global_batch" in err
+        assert f"must be {problem}" in err
+
+
 def test_internal_error_is_a_message_not_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,24 @@ __all__ = [
     "InfeasiblePlanError",
     "SimulatorError",
     "SpecError",
+    "not_utf8",
 ]
+
+
+def not_utf8(data: bytes) -> str:
+    """Why ``data`` is not UTF-8 text, in the words every reader of a file uses: the line and the byte in that line
+    (both from 1) where it stops being UTF-8 and the byte found there, and a UTF-16 byte-order mark where the data
+    starts with one (Windows' "Unicode" text). A leading UTF-8 byte-order mark is UTF-8."""
+    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        data[start:].decode("utf-8")
+    except UnicodeDecodeError as err:
+        at = start + err.start
+        line = data.count(b"\n", 0, at) + 1
+        column = at - (data.rfind(b"\n", 0, at) + 1) + 1
+        utf16 = " (it starts with a UTF-16 byte-order mark)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        return f"is not UTF-8 text: line {line}, byte {column} is 0x{data[at]:02x}{utf16}"
+    return "is not UTF-8 text"
 
 
 class SimulatorError(Exception):

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.errors import InfeasiblePlanError, SpecError
+from simulator.errors import InfeasiblePlanError, SpecError, not_utf8
 from simulator.run import simulate
 from simulator.specs._fields import MAX_COUNT, Fields
 from simulator.specs._yaml import load_yaml_file
@@ -697,19 +697,6 @@ def _records(path: Path, text: str, sep: str) -> tuple[list[str], list[int], str
     return header, starts, long or f"a row has more fields than the header's {len(header)}"
 
 
-def _undecodable(data: bytes) -> str:
-    """Where ``data`` stops being UTF-8: the line and the byte (pandas reports an offset in its own buffer)."""
-    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
-    try:
-        data[start:].decode("utf-8")
-    except UnicodeDecodeError as err:
-        at = start + err.start
-        line = data[:at].count(b"\n") + 1
-        column = at - (data.rfind(b"\n", 0, at) + 1) + 1
-        return f"is not UTF-8: line {line}, byte {column} is 0x{data[at]:02x}"
-    return "is not UTF-8"
-
-
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, read once (so that a pipe, /dev/stdin or <(...), can be validated too)."""
     try:
@@ -742,7 +729,7 @@ def validate_file(
     except pd.errors.ParserWarning:
         raise SpecError(str(path), long_row, "quote cells that contain the separator") from None
     except UnicodeDecodeError:
-        raise SpecError(str(path), _undecodable(data), "save the file as UTF-8") from None
+        raise SpecError(str(path), not_utf8(data), "save the file as UTF-8") from None
     except pd.errors.ParserError as err:
         detail = " ".join(str(err).replace("Error tokenizing data. C error: ", "").split())
         raise SpecError(

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from simulator.errors import CalibrationError
+from simulator.errors import CalibrationError, not_utf8
 from simulator.specs.calibration import COLLECTIVES, SCOPES
 
 __all__ = [
@@ -41,7 +41,7 @@ __all__ = [
     "RowAppender",
     "input_file",
     "memory_class",
-    "not_utf8",
+    "not_utf8_error",
     "read_rows",
     "read_text",
     "write_rows",
@@ -235,23 +235,22 @@ def input_file(path: Path, what: str) -> None:
         raise CalibrationError(f"{path}: not a regular file; give {what}")
 
 
-def not_utf8(path: Path, err: UnicodeDecodeError, what: str) -> CalibrationError:
+def not_utf8_error(path: Path, data: bytes, what: str) -> CalibrationError:
     """The error for a file that is not UTF-8 text (a binary file, or text saved in another encoding)."""
-    return CalibrationError(
-        f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start} is not valid UTF-8); "
-        f"give {what}, saved as UTF-8 text"
-    )
+    return CalibrationError(f"{path}: {not_utf8(data)}; give {what}, saved as UTF-8 text")
 
 
 def read_text(path: Path, what: str) -> str:
     """The UTF-8 text of ``path``, or a CalibrationError naming the file and why it cannot be read."""
     input_file(path, what)
     try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise not_utf8(path, err, what) from None
+        data = path.read_bytes()
     except OSError as err:
         raise CalibrationError(f"{path}: cannot be read ({err.strerror or err}); give {what}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise not_utf8_error(path, data, what) from None
 
 
 def _parse(path: Path, line: int, column: str, text: str) -> object:
@@ -325,8 +324,8 @@ def _read_csv(path: Path) -> list[Measurement]:
                     out.append(row)
                 except CalibrationError as err:
                     raise CalibrationError(f"{path}: line {i}: {err}") from None
-    except UnicodeDecodeError as err:
-        raise not_utf8(path, err, _WHAT) from None
+    except UnicodeDecodeError:  # read again for the line and byte: the reader's offset is into its own buffer
+        raise not_utf8_error(path, path.read_bytes(), _WHAT) from None
     except csv.Error as err:
         raise CalibrationError(f"{path}: not a readable CSV ({err}); give {_WHAT}") from None
     except OSError as err:

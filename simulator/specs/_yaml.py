@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from simulator.errors import SpecError
+from simulator.errors import SpecError, not_utf8
 
 __all__ = ["load_yaml_file", "load_yaml_text"]
 
@@ -62,11 +62,15 @@ def load_yaml_text(text: str, where: str) -> Any:
 def load_yaml_file(path: Path) -> Any:
     """Read and parse a YAML file strictly."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(str(path), "file not found", "check the path") from None
     except IsADirectoryError:
         raise SpecError(str(path), "is a directory, not a file", "name a YAML file") from None
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
         raise SpecError(str(path), f"cannot be read ({err.__class__.__name__}: {err})", "check the file") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(str(path), not_utf8(data), "save the file as UTF-8") from None
     return load_yaml_text(text, str(path))

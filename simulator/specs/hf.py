@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import SpecError
+from simulator.errors import SpecError, not_utf8
 from simulator.specs._fields import Fields
 from simulator.specs.model import MAX_LAYERS, ModelSpec, MoESpec
 
@@ -88,13 +88,8 @@ def load_hf_config(path: Path) -> ModelSpec:
         raise SpecError(where, f"cannot be read ({err.strerror or err})", "check the path and permissions") from None
     try:
         text = raw.decode("utf-8-sig")  # JSON is UTF-8 (RFC 8259); a leading byte-order mark is tolerated
-    except UnicodeDecodeError as err:
-        utf16 = " (it starts with a UTF-16 byte-order mark)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise SpecError(
-            where,
-            f"is not UTF-8 text: byte 0x{raw[err.start]:02x} at offset {err.start} cannot be decoded{utf16}",
-            "save the config.json as UTF-8 JSON, as Hugging Face writes it",
-        ) from None
+    except UnicodeDecodeError:
+        raise SpecError(where, not_utf8(raw), "save the config.json as UTF-8 JSON, as Hugging Face writes it") from None
     try:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except SpecError as err:

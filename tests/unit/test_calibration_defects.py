@@ -72,7 +72,9 @@ def test_non_utf8_input_is_a_clean_error_naming_the_file(
     out = tmp_path / ("t.yaml" if command[-1] == "fit" else "rows.csv")
     code, _, err = run([*command, str(path), "--out", str(out)], capsys)
     assert code == 2
-    assert err.startswith(f"error: {path}: not UTF-8 text (byte 0xff at offset {len(prefix)}")
+    line = prefix.count(b"\n") + 1
+    column = len(prefix) - (prefix.rfind(b"\n") + 1) + 1
+    assert err.startswith(f"error: {path}: is not UTF-8 text: line {line}, byte {column} is 0xff"), err
     assert "saved as UTF-8" in err
     assert "Traceback" not in err
     assert not out.exists()
@@ -80,7 +82,7 @@ def test_non_utf8_input_is_a_clean_error_naming_the_file(
 
 def test_every_reader_of_a_profile_folder_reports_non_utf8_files(tmp_path: Path) -> None:
     (tmp_path / "kernels.csv").write_bytes(BINARY)
-    with pytest.raises(CalibrationError, match=r"kernels\.csv: not UTF-8 text"):
+    with pytest.raises(CalibrationError, match=r"kernels\.csv: is not UTF-8 text: line 1, byte 1 is 0xff"):
         read_rows([tmp_path])
     with pytest.raises(CalibrationError, match="exists with other columns"):
         RowAppender(tmp_path / "kernels.csv")

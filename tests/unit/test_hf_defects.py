@@ -67,7 +67,7 @@ def test_non_utf8_config_is_a_clean_error(argv: list[str], tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"error: {path}: is not UTF-8 text" in err
-    assert "0xff at offset 0" in err
+    assert "line 1, byte 1 is 0xff" in err
     assert "UTF-16" in err
     assert "save the config.json as UTF-8" in err
     assert "Traceback" not in err
@@ -77,7 +77,7 @@ def test_non_utf8_byte_later_in_the_file_is_located(tmp_path: Path) -> None:
     """Defect 1: a Latin-1 byte inside the file is reported with its offset (no UTF-16 remark)."""
     path = tmp_path / "config.json"
     path.write_bytes(b'{"model_type": "llama", "name": "caf\xe9"}')
-    with pytest.raises(SpecError, match=r"byte 0xe9 at offset 36 cannot be decoded;") as info:
+    with pytest.raises(SpecError, match=r"is not UTF-8 text: line 1, byte 37 is 0xe9;") as info:
         load_hf_config(path)
     assert info.value.where == str(path)
 

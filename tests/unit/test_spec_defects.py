@@ -335,6 +335,23 @@ def test_a_directory_given_as_a_model_says_so(tmp_path: Path, capsys: pytest.Cap
         find_file("cluster", str(tmp_path) + "/")
 
 
+@pytest.mark.parametrize("flag", ["--model", "--cluster"])
+def test_a_yaml_file_that_is_not_utf8_names_the_line_and_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    """A Latin-1 YAML had been reported as "cannot be read (UnicodeDecodeError: 'utf-8' codec can't decode byte
+    0xe9 in position 27: invalid continuation byte)": Python's words, an offset, no line. Every reader of a file
+    (YAML, config.json, validation and calibration CSVs) now says it alike."""
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: tiny\nlayers: 2\ndescription: caf\u00e9\n".encode("latin-1"))
+    argv = [*TP8, "--cluster", "dgx-h100"]
+    argv[argv.index(flag) + 1] = str(path)
+    code, _, err = run(argv, capsys)
+    assert_clean_error(code, err, str(path), "is not UTF-8 text: line 3, byte 17 is 0xe9")
+    assert "save the file as UTF-8" in err
+    assert "UnicodeDecodeError" not in err
+
+
 def test_a_bare_directory_name_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -556,7 +556,7 @@ def test_a_file_that_is_not_utf8_names_the_line_and_byte(tmp_path: Path) -> None
     text = _tiny_csv([_row(), _row(run_id="r2", model="Tiny é")])
     path = tmp_path / "latin1.csv"
     path.write_bytes(text.encode("latin-1"))
-    with pytest.raises(SpecError, match=r"is not UTF-8: line 3, byte \d+ is 0xe9"):
+    with pytest.raises(SpecError, match=r"is not UTF-8 text: line 3, byte \d+ is 0xe9"):
         validate_file(path)
 
 

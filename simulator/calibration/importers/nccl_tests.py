@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.calibration.rows import Measurement, input_file, not_utf8
+from simulator.calibration.rows import Measurement, input_file, not_utf8_error
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import COLLECTIVES
 
@@ -92,11 +92,11 @@ def import_nccl_tests(
         raw = path.read_bytes()
     except OSError as err:
         raise CalibrationError(f"{path}: cannot be read ({err.strerror or err}); give nccl-tests output") from None
-    decode_error: UnicodeDecodeError | None = None
+    utf8 = True
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:  # a stray byte in a log is tolerated; a binary file has no data lines
-        decode_error = err
+    except UnicodeDecodeError:  # a stray byte in a log is tolerated; a binary file has no data lines
+        utf8 = False
         text = raw.decode("utf-8", errors="replace")
     # One file may hold several runs (a job script running all_reduce_perf then all_gather_perf, or one binary
     # on two node counts): each starts with its "# nThread ... nGpus" header and has its own rank lines, test
@@ -133,8 +133,8 @@ def import_nccl_tests(
         tokens = stripped.split()
         if len(tokens) >= 8 and re.fullmatch(r"[-+]?\d+", tokens[0]):
             run.data.append((lineno, tokens))
-    if not any(r.data for r in runs) and decode_error is not None:
-        raise not_utf8(path, decode_error, "nccl-tests output")
+    if not any(r.data for r in runs) and not utf8:
+        raise not_utf8_error(path, raw, "nccl-tests output")
     if not any(r.data for r in runs):
         raise CalibrationError(
             f"{path}: no nccl-tests data lines (size count type ... time algbw busbw) found; give the standard "
@@ -269,8 +269,8 @@ def import_vtrain_table(
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             reader = list(csv.reader(fh))
-    except UnicodeDecodeError as err:
-        raise not_utf8(path, err, "a vTrain table") from None
+    except UnicodeDecodeError:
+        raise not_utf8_error(path, path.read_bytes(), "a vTrain table") from None
     except csv.Error as err:
         raise CalibrationError(f"{path}: not a readable CSV ({err}); give a vTrain table") from None
     except OSError as err:

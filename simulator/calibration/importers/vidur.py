@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simulator.calibration.rows import Measurement, input_file, not_utf8
+from simulator.calibration.rows import Measurement, input_file, not_utf8_error
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import COLLECTIVES
 
@@ -103,8 +103,8 @@ def _read(path: Path, what: str) -> pd.DataFrame:
     input_file(path, what)
     try:
         return pd.read_csv(path)
-    except UnicodeDecodeError as err:
-        raise not_utf8(path, err, what) from None
+    except UnicodeDecodeError:
+        raise not_utf8_error(path, path.read_bytes(), what) from None
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         raise CalibrationError(f"{path}: cannot read as CSV ({err}); give {what}") from None
 

@@ -345,7 +345,7 @@ def _note_inert_param_gather(plan: PlanSpec, model: ModelSpec, cluster: ClusterS
         why.append("grad_overlap off: the gathers run after the step, not in the next one's forward")
     if plan.vp is not None and plan.vp > 1:
         why.append(f"vp {plan.vp}: the interleaved schedule dispatches the gathers itself")
-    if plan.dp == 1:
+    if plan.dp == 1 and not plan.free_knobs:  # a plan that cannot run keeps its free knobs, and has no layout
         from simulator.parallel.layout import resolve_layout
 
         try:

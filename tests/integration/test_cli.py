@@ -399,3 +399,17 @@ def test_validate_on_a_tiny_csv(tmp_path: Path, capsys: pytest.CaptureFixture[st
             "chosen",
         }
     assert (tmp_path / "o.csv").read_text().startswith("run_id,")
+
+
+def test_a_plan_that_cannot_run_with_param_gather_at_step_start_is_an_answer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The knob's note resolved the plan's layout to find its data-parallel groups, and a plan that cannot run
+    keeps its free knobs: an AssertionError, exit 1 and no trace. Found by a review of the trace output."""
+    trace = tmp_path / "x.json"
+    argv = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "3", "--tp", "3"]
+    argv += ["--global-batch", "8", "--zero", "1", "--param-gather-at-step-start", "--trace", str(trace)]
+    code, _, err = run(argv, capsys)
+    assert code == 3, err
+    assert "Traceback" not in err
+    assert json.loads(trace.read_text())["otherData"]["feasible"] is False

@@ -30,6 +30,7 @@ __all__ = [
     "check_ranges",
     "check_scalar_types",
     "did_you_mean",
+    "fmt_number",
     "kind_of",
 ]
 
@@ -181,7 +182,7 @@ class Fields:
         if not math.isfinite(value):
             raise self.error(key, f"must be finite, got {value}", "write a finite number")
         if positive and value <= 0:
-            raise self.error(key, f"must be > 0, got {_fmt(value)}", "write a positive number")
+            raise self.error(key, f"must be > 0, got {fmt_number(value)}", "write a positive number")
         _check_range(self, key, value, minimum, maximum)
         return value
 
@@ -194,7 +195,7 @@ class Fields:
         out = value * scale
         if not math.isfinite(out):
             raise self.error(
-                key, f"is not a realistic figure: {_fmt(value)} overflows once converted from its unit", fix
+                key, f"is not a realistic figure: {fmt_number(value)} overflows once converted from its unit", fix
             )
         return out
 
@@ -282,12 +283,17 @@ class Fields:
 
 def _check_range(f: Fields, key: str, value: float, lo: float | None, hi: float | None) -> None:
     if lo is not None and value < lo:
-        raise f.error(key, f"must be >= {_fmt(lo)}, got {_fmt(value)}", f"use a value of at least {_fmt(lo)}")
+        raise f.error(
+            key, f"must be >= {fmt_number(lo)}, got {fmt_number(value)}", f"use a value of at least {fmt_number(lo)}"
+        )
     if hi is not None and value > hi:
-        raise f.error(key, f"must be <= {_fmt(hi)}, got {_fmt(value)}", f"use a value of at most {_fmt(hi)}")
+        raise f.error(
+            key, f"must be <= {fmt_number(hi)}, got {fmt_number(value)}", f"use a value of at most {fmt_number(hi)}"
+        )
 
 
-def _fmt(x: float) -> str:
+def fmt_number(x: float) -> str:
+    """A number for an error message: whole ones as integers, huge ones by their size, not their digits."""
     # Whole numbers as integers, but not the hundreds of digits of a huge number (1e300 stays 1e+300, 10**400 is
     # shown by its digit count: it has no float form).
     if isinstance(x, int) and abs(x) >= 10**15:
@@ -439,7 +445,7 @@ MAX_COUNT = 2**53
 def check_count(name: str, value: Any) -> None:
     """A count of layers, tokens, GPUs... must be at most :data:`MAX_COUNT`."""
     if value is not None and not isinstance(value, bool) and value > MAX_COUNT:
-        raise SpecError(name, f"must be at most 2**53 ({MAX_COUNT:,}), got {_fmt(value)}", f"fix {name}: a typo?")
+        raise SpecError(name, f"must be at most 2**53 ({MAX_COUNT:,}), got {fmt_number(value)}", f"fix {name}: a typo?")
 
 
 def check_ranges(spec: Any, minimums: Mapping[str, float], fix: str = "") -> None:
@@ -449,7 +455,9 @@ def check_ranges(spec: Any, minimums: Mapping[str, float], fix: str = "") -> Non
         value = getattr(spec, name)
         if value is not None and value < minimum:
             raise SpecError(
-                name, f"must be >= {_fmt(minimum)}, got {_fmt(value)}", fix or f"use {name} >= {_fmt(minimum)}"
+                name,
+                f"must be >= {fmt_number(minimum)}, got {fmt_number(value)}",
+                fix or f"use {name} >= {fmt_number(minimum)}",
             )
         check_count(name, value)
 

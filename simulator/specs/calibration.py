@@ -5,7 +5,8 @@ it never contains end-to-end step times. Compute curves give achieved/peak effic
 problem size (FLOPs for GEMMs and attention, bytes moved for memory-bound kernels). Collective curves give
 the NCCL *bus bandwidth* (nccl-tests' ``busbw``) against log2 of the message size, for a group size and a
 scope (``domain``: inside one fast-interconnect domain, NVLink/NVSwitch or one host's shared memory;
-``network``: across that domain over NICs). Lookups interpolate linearly in
+``network``, across that domain over NICs, is refused in a table: the cost model times the network part from the
+cluster's NIC fields and reads no such curve). Lookups interpolate linearly in
 those log coordinates and hold the end values flat outside the measured range, so a table never
 extrapolates a trend it has not seen.
 """
@@ -228,9 +229,19 @@ class BandwidthCurve:
         for i, y in enumerate(ys):
             if y <= 0:
                 raise f.error(f"busbw_gb_per_s[{i}]", f"must be > 0, got {y}", "bandwidths are positive")
+        if f.choice("scope", SCOPES) == "network":
+            # Measurement rows may be network-scoped (the importers label them), a table's curves may not: the cost
+            # model never looks one up, and a curve accepted but unread would leave the answer silently unchanged.
+            raise f.error(
+                "scope",
+                "network curves are not read: the part of a collective that crosses the network is timed from the "
+                "cluster's NIC fields (communication.CommModel), and calibrate fit leaves network rows out",
+                "remove the curve; to time a measured network, set the cluster's nic_bandwidth_gbit_per_s, "
+                "nics_per_node and inter_node_latency_us from what it measured",
+            )
         spec = cls(
             collective=f.choice("collective", COLLECTIVES),
-            scope=f.choice("scope", SCOPES),
+            scope="domain",
             ranks=f.integer("ranks", minimum=2),
             log2_bytes=xs,
             busbw_bytes_per_s=tuple(

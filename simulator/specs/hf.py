@@ -124,6 +124,14 @@ def model_from_hf_config(data: Any, where: str, *, name: str) -> ModelSpec:
     True
     """
     f = Fields(data, where)
+    text = f.data.get("text_config") if isinstance(f.data, Mapping) else None
+    if isinstance(text, Mapping) and f.data.get("hidden_size") is None:
+        # A vision-language checkpoint (Mistral 3, LLaVA, Qwen2-VL...): its language model is a config of its own.
+        raise f.error(
+            "text_config",
+            "the language model's fields are under text_config (a multimodal checkpoint's config), not at the top",
+            "save the text_config object as a config.json of its own (it names its own model_type) and give that",
+        )
     model_type = _model_type(f)
     if model_type == "gpt2":
         return _gpt2(f, name)
@@ -226,8 +234,10 @@ def _respec(err: SpecError, f: Fields, keys: dict[str, str]) -> SpecError:
     return SpecError(f"{f.where}: {key}", f"{err.what} ({key} is clustersim's '{err.where}')", err.fix)
 
 
-def _seq(f: Fields, key: str) -> int:
-    value = f.integer(key, 2048, minimum=1)
+def _seq(f: Fields, key: str, default: int = 2048) -> int:
+    """The default training length: the maximum positions (``default``, the family class's, where missing) capped
+    at 8,192."""
+    value = f.integer(key, default, minimum=1)
     return int(min(value, _SEQ_CAP))
 
 
@@ -260,9 +270,32 @@ _GPT2_KEYS = {
 }
 
 
+# Keys whose absence LlamaConfig fills by derivation (num_key_value_heads None: heads; head_dim None: hidden //
+# heads) but these families' configuration classes fill with a constant of their own (MistralConfig's and
+# MixtralConfig's num_key_value_heads is 8, Qwen3Config's head_dim 128; transformers ``configuration_*.py``).
+# Released configs always carry them, so a file without one is refused rather than read the Llama way, which made
+# Mistral 7B 8.05B instead of 7.25B.
+_UNDERIVED_KEYS = {
+    "mistral": ("num_key_value_heads",),
+    "mixtral": ("num_key_value_heads",),
+    "qwen2": ("num_key_value_heads",),
+    "qwen2_moe": ("num_key_value_heads",),
+    "qwen3": ("num_key_value_heads", "head_dim"),
+    "qwen3_moe": ("num_key_value_heads", "head_dim"),
+}
+
+
 def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
     hidden = f.integer("hidden_size", minimum=1)
     heads = f.integer("num_attention_heads", minimum=1)
+    for key in _UNDERIVED_KEYS.get(model_type, ()):
+        if f.raw(key, None) is None:
+            raise f.error(
+                key,
+                f"is required for model_type {model_type!r} but missing (its transformers configuration class "
+                "gives it a constant, not the Llama derivation from the heads)",
+                f"add {key} from the checkpoint's config.json",
+            )
     activation = _activation(f, "hidden_act", "silu", _GATED_ACTS, "a gated MLP")
     keys = dict(_LLAMA_KEYS)  # _moe adds the MoE fields' keys
     moe = _moe(f, model_type, keys)
@@ -298,8 +331,9 @@ def _llama_like(f: Fields, name: str, model_type: str) -> ModelSpec:
         raise _respec(err, f, keys) from None
 
 
-# The model types whose every released config is a mixture of experts.
+# The model types whose every released config is a mixture of experts, and those whose model has no experts.
 _MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+_DENSE_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def _refuse_sliding_window(f: Fields, model_type: str) -> None:
@@ -349,6 +383,19 @@ def _moe(f: Fields, model_type: str, keys: dict[str, str]) -> MoESpec | None:
     # Mixtral names the expert count num_local_experts, Qwen-MoE and DeepSeek num_experts; 0 or null: dense.
     count_key = "num_local_experts" if data.get("num_local_experts") else "num_experts"
     f.used.update(("num_local_experts", "num_experts"))
+    if model_type in _DENSE_TYPES and data.get(count_key):
+        # LlamaForCausalLM (and Mistral's, Qwen2's, Qwen3's) has no experts and ignores the key: read as one, a
+        # stray count would make the file a mixture of experts several times the checkpoint's size.
+        raise f.error(
+            count_key,
+            f"model_type {model_type!r} has no experts, got {count_key}={data[count_key]!r}",
+            "remove the key, or set the model_type of the mixture-of-experts family (mixtral, qwen2_moe, qwen3_moe)",
+        )
+    for key in ("num_local_experts", "num_experts") if model_type in _MOE_TYPES else ():
+        value = data.get(key)
+        if isinstance(value, bool) or (model_type == "mixtral" and value is not None):
+            # false is no count; Mixtral's sparse block has no dense fallback (Qwen-MoE's reads 0 as dense layers).
+            f.integer(key, minimum=1)
     if not data.get(count_key):
         absent = data.get("num_local_experts") is None and data.get("num_experts") is None  # missing or null
         if model_type in _MOE_TYPES and absent:
@@ -450,7 +497,7 @@ def _gpt2(f: Fields, name: str) -> ModelSpec:
             position_embedding="learned",
             bias=True,
             dropout=True,
-            seq_len=_seq(f, "n_positions"),
+            seq_len=_seq(f, "n_positions", 1024),  # GPT2Config's default
             source=f"Hugging Face config.json (gpt2): {f.where}",
         )
     except SpecError as err:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields, check_choices, check_count, check_ranges, check_scalar_types
+from simulator.specs._fields import Fields, check_choices, check_count, check_ranges, check_scalar_types, fmt_number
 
 __all__ = ["ACTIVATIONS", "MAX_LAYERS", "NORMS", "POSITION_EMBEDDINGS", "MoESpec", "ModelSpec"]
 
@@ -170,9 +170,10 @@ class ModelSpec:
             if name != "layers":  # bounded far tighter below (MAX_LAYERS)
                 check_count(name, value)
         if self.layers > MAX_LAYERS:
+            got = fmt_number(self.layers) if self.layers >= 10**15 else f"{self.layers:,}"  # not 301 digits of 1e300
             raise SpecError(
                 "layers",
-                f"'layers' must be at most {MAX_LAYERS:,}, got {self.layers:,}",
+                f"'layers' must be at most {MAX_LAYERS:,}, got {got}",
                 "the simulator builds every decoder layer; give the model's real depth",
             )
         for name in ("kv_heads", "head_dim"):
@@ -241,7 +242,9 @@ class ModelSpec:
         moe = self.moe
         router = self.hidden * moe.num_experts
         expert = self.mlp_params(moe.expert_ffn_hidden)
-        shared = moe.shared_experts * self.mlp_params(moe.shared_expert_ffn_hidden) if moe.shared_experts else 0
+        # The shared experts are one MLP of their summed width (Megatron-Core's SharedExpertMLP; the graph builds it
+        # so): with biases, one down-projection bias, not one per shared expert.
+        shared = self.mlp_params(moe.shared_experts * moe.shared_expert_ffn_hidden) if moe.shared_experts else 0
         return router + moe.num_experts * expert + shared, router + moe.top_k * expert + shared
 
     def layer_params(self, index: int) -> tuple[int, int]:

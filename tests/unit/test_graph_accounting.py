@@ -17,6 +17,7 @@ MLP, dropout on and the unfused attention kernel, no parallelism: s·b·h·(34 +
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -235,3 +236,14 @@ def test_unfused_attention_keeps_the_expanded_keys_and_values_of_gqa() -> None:
         kept[model.name] = {op.name: op.act_bytes for op in ops if op.name in ("attn.scores", "attn.context")}
     assert kept["g"] == kept["m"]
     assert kept["g"]["attn.scores"] == 2.0 * 512 * 2 * 2 * 16 * 64
+
+
+def test_several_shared_experts_with_biases_count_as_the_one_mlp_the_graph_builds() -> None:
+    """Megatron-Core's SharedExpertMLP is one MLP of the shared experts' summed width (one down-projection bias),
+    which the graph builds; the spec had counted one MLP per shared expert, (S - 1)·hidden more per MoE layer with
+    biases. Found by a review of the importer (262,272 against the graph's 262,144)."""
+    base = load_model("mixtral-8x7b")
+    assert base.moe is not None
+    moe = replace(base.moe, shared_experts=2, shared_expert_ffn_hidden=1024)
+    m = replace(base, moe=moe, bias=True, layers=2, hidden=256, heads=4, kv_heads=4, ffn_hidden=512, vocab=1000)
+    assert build_graph(m, 128, 1).params() == m.param_count()

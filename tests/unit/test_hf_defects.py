@@ -144,6 +144,8 @@ def test_every_llama_family_is_still_read(model_type: str) -> None:
     cfg = QWEN3_MOE if model_type.endswith("moe") else LLAMA
     if model_type == "mixtral":  # Mixtral's configs always name their experts (a missing count is refused)
         cfg = {**LLAMA, "num_local_experts": 8, "num_experts_per_tok": 2}
+    if model_type == "qwen3":  # Qwen3Config does not derive head_dim from the heads (a missing one is refused)
+        cfg = {**LLAMA, "head_dim": 128}
     m = model_from_hf_config({**cfg, "model_type": model_type.upper()}, WHERE, name="m")
     assert m.gated_mlp
     assert m.norm == "rmsnorm"
@@ -411,3 +413,23 @@ def test_a_qwen_moe_config_with_a_huge_layer_count_is_refused_before_it_is_built
     path.write_text(json.dumps(data))
     with pytest.raises(SpecError, match="num_hidden_layers: must be <= 10000"):
         load_hf_config(path)
+
+
+@pytest.mark.parametrize("model_type", [None, "mistral3", "llava"])
+def test_a_multimodal_config_names_its_text_config(model_type: str | None) -> None:
+    """A vision-language checkpoint keeps the language model under text_config: it had been refused for a missing
+    hidden_size (or an unsupported model_type), without a word about where the fields are. Found by a review."""
+    cfg: dict = {"architectures": ["Mistral3ForConditionalGeneration"], "text_config": {**LLAMA}}
+    if model_type is not None:
+        cfg["model_type"] = model_type
+    err = _error(cfg)
+    assert err.where == f"{WHERE}: text_config"
+    assert "language model's fields are under text_config" in err.what
+    assert "text_config object" in err.fix
+    assert _load({**LLAMA, "text_config": {"hidden_size": 1}}).hidden == LLAMA["hidden_size"]  # top level wins
+
+
+def test_a_huge_layer_count_is_not_printed_digit_by_digit() -> None:
+    err = _error({**LLAMA, "num_hidden_layers": 10**300})
+    assert "a number of 301 digits" in err.what
+    assert len(str(err)) < 300

@@ -304,3 +304,70 @@ def test_deepseek_style_configs_are_refused_not_read_as_a_small_dense_model(key:
     }
     with pytest.raises(SpecError, match=f"{key}: model_type 'deepseek_v3' has an architecture this importer"):
         model_from_hf_config(cfg, "config.json", name="ds")
+
+
+_FAMILY_CONFIGS = {
+    "mistral": MISTRAL_7B,
+    "mixtral": MIXTRAL_8X7B,
+    "qwen2": QWEN2_7B,
+    "qwen2_moe": QWEN2_57B_A14B,
+    "qwen3": QWEN3_8B,
+    "qwen3_moe": QWEN3_30B_A3B,
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "key"),
+    [
+        *((family, "num_key_value_heads") for family in _FAMILY_CONFIGS),
+        ("qwen3", "head_dim"),
+        ("qwen3_moe", "head_dim"),
+    ],
+)
+def test_a_family_key_transformers_does_not_derive_is_required(family: str, key: str) -> None:
+    """Found by a review of the importer: a missing key took Llama's derivation in every family (kv heads = heads,
+    head_dim = hidden/heads), but these families' config classes give it a constant of their own (MistralConfig's
+    num_key_value_heads is 8, Qwen3Config's head_dim 128): Mistral 7B without its kv heads came out 8.05B instead of
+    7.25B. Released configs always carry the key, so a file without it is refused rather than guessed."""
+    cfg = {k: v for k, v in _FAMILY_CONFIGS[family].items() if k != key}
+    assert cfg.get("model_type") == family
+    with pytest.raises(SpecError, match=rf"{key}: is required for model_type '{family}' but missing"):
+        _load(cfg)
+
+
+def test_llama_derives_kv_heads_and_head_dim() -> None:
+    """LlamaConfig derives both (num_key_value_heads None -> heads; head_dim None -> hidden // heads)."""
+    cfg = {k: v for k, v in LLAMA3_8B.items() if k not in ("num_key_value_heads", "head_dim")}
+    m = _load(cfg)
+    assert (m.kv_heads, m.head_dim) == (32, 128)
+
+
+def test_gpt2_without_n_positions_has_gpt2configs_1024_positions() -> None:
+    """GPT2Config's n_positions defaults to 1024: the learned position table (and the default sequence) had
+    2048 rows, the importer's default for every family."""
+    cfg = {k: v for k, v in GPT2.items() if k != "n_positions"}
+    assert _load(cfg).seq_len == 1024
+    assert _load(cfg).param_count() == 124_439_808
+
+
+@pytest.mark.parametrize(("count", "what"), [(0, "must be >= 1, got 0"), (False, "must be a whole number, got False")])
+def test_a_mixture_of_experts_family_with_no_experts_is_refused(count: object, what: str) -> None:
+    """num_local_experts 0 or false imported Mixtral as a dense 7.24B model without a word (transformers'
+    MixtralSparseMoeBlock has no dense fallback; Qwen-MoE's decoder layer reads num_experts 0 as dense MLPs, and
+    that stays allowed)."""
+    with pytest.raises(SpecError, match=f"num_local_experts: {what}"):
+        _load({**MIXTRAL_8X7B, "num_local_experts": count})
+    with pytest.raises(SpecError, match="num_experts: must be a whole number, got False"):
+        _load({**QWEN3_30B_A3B, "num_experts": False})
+    assert _load({**QWEN3_30B_A3B, "num_experts": 0}).moe is None
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_expert_keys_in_a_dense_family_are_refused(family: str) -> None:
+    """LlamaForCausalLM (and Mistral's, Qwen2's, Qwen3's) has no experts and ignores num_local_experts: a stray
+    count had made a Llama file a 47.5B mixture of experts."""
+    base = {"llama": LLAMA3_8B, "mistral": MISTRAL_7B, "qwen2": QWEN2_7B, "qwen3": QWEN3_8B}[family]
+    cfg = {**base, "model_type": family, "num_local_experts": 8, "num_experts_per_tok": 2}
+    with pytest.raises(SpecError, match=rf"num_local_experts: model_type '{family}' has no experts"):
+        _load(cfg)
+    assert _load({**base, "model_type": family, "num_experts": 0}).moe is None  # 0 or null: no experts, as said

@@ -461,3 +461,18 @@ def test_a_model_or_cluster_from_a_pipe_is_read(tmp_path: Path) -> None:
         names.append(load_model(fifo).layers)
         writer.join()
     assert names == [32, 16]
+
+
+def test_a_network_scope_curve_in_a_table_is_refused_not_ignored() -> None:
+    """The cost model times what crosses the network from the cluster's NIC fields and never looks up a network
+    curve, so a table carrying one (all-reduce over 16 GPUs on two nodes at 0.001 GB/s, say) was accepted and left
+    the answer unchanged. Found by a review of the communication model."""
+    data = yaml.safe_load((ROOT / "hardware_profiles" / "calibration" / "h100-sxm5-80gb.yaml").read_text())
+    curve = {"collective": "all_reduce", "scope": "network", "ranks": 16, "log2_bytes": [20, 30]}
+    data["collectives"].append({**curve, "busbw_gb_per_s": [0.001, 0.001]})
+    with pytest.raises(SpecError) as info:
+        CalibrationTable.from_mapping(data, "t.yaml")
+    err = info.value
+    assert err.where == f"t.yaml: collectives[{len(data['collectives']) - 1}].scope"
+    assert "network curves are not read" in err.what
+    assert "nic_bandwidth_gbit_per_s" in err.what + err.fix

@@ -833,13 +833,21 @@ def _guess_kind(data: Any, path: Path) -> str:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from simulator.validate import format_report, validate_file
+    from simulator.validate import default_stacks_file, format_report, validate_file
 
     if args.stacks is not None and args.no_stacks:
         raise SpecError("--stacks/--no-stacks", "name a stacks file and ignore stacks at once", "give one of them")
     if args.out is not None and args.out.exists() and args.file.exists() and args.out.samefile(args.file):
         raise SpecError(
             f"--out {args.out}", "is the input CSV: the results would replace the measured runs", "name another file"
+        )
+    stacks = None if args.no_stacks else args.stacks or default_stacks_file(args.file)
+    if args.out is not None and stacks is not None and args.out.is_file() and args.out.samefile(stacks):
+        # The stacks file next to the CSV is read unasked, so the generic input check (--stacks only) misses it.
+        raise SpecError(
+            f"--out {args.out}",
+            "is the stacks file this run reads: the results would replace the software stacks",
+            "name another file",
         )
     report = validate_file(args.file, strict=args.strict, stacks_file=args.stacks, use_stacks=not args.no_stacks)
     text = format_report(report, args.format)

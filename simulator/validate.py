@@ -35,7 +35,9 @@ without a measured time (``unmeasured``: predicted, left out of the error figure
 cluster and by source, the mean Spearman rank correlation of predicted vs measured step time inside
 groups of rows that share model, cluster, GPU count and global batch (how well layouts are ranked; also
 source and precision, since one layout measured on two software releases is not a choice of layout; each group's
-own figure under ``spearman_by_group``), and
+own figure under ``spearman_by_group``; a group whose predictions are all equal ranks nothing and counts as 0; groups
+of three or more measured rows that cannot be ranked, because rows judged infeasible leave fewer than three
+predictions or every measured time is the same, are counted under ``spearman_groups_unranked``), and
 which op classes ran on default (uncalibrated) curves in how many rows; each row lists its own under
 ``uncalibrated``.
 """
@@ -48,7 +50,6 @@ import json
 import math
 import re
 import warnings
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -400,6 +401,10 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
     top_k = _int(row, "experts_topk", where)
     try:
         moe = None
+        for column, value in (("num_experts", experts), ("experts_topk", top_k)):
+            if value is not None and value < 0:
+                # 0 and 1 stand for "no experts" in a dense row (a convention some files follow); below 0 is no count.
+                raise SpecError(column, f"must be >= 0, got {value}", "fill the count, or leave it empty for dense")
         dense = arch is not None and str(arch).lower() == "dense"
         if dense and (experts or 0) > 1:
             raise SpecError("arch", f"is dense, but num_experts is {experts}", "set arch to moe, or empty num_experts")
@@ -471,13 +476,19 @@ def row_plan(row: pd.Series, where: str) -> PlanSpec:
     return plan
 
 
-def row_cluster(row: pd.Series, where: str, cache: dict[tuple[str, int | None], ClusterSpec]) -> ClusterSpec:
-    """The row's cluster, with ``nics_per_node`` overridden when the row sets it."""
+def row_cluster(
+    row: pd.Series, where: str, cache: dict[tuple[str, int | None], ClusterSpec], folder: Path | None = None
+) -> ClusterSpec:
+    """The row's cluster, with ``nics_per_node`` overridden when the row sets it. A relative YAML path is looked for
+    next to the CSV (``folder``) first, as ``software_stacks.yaml`` is, so that a file gives the same answer from
+    any working directory."""
     name = str(_cell(row, "cluster") or "")
     if not name:
         raise SpecError(
             f"{where}: cluster", "is empty", "fill cluster (a name `clustersim hardware list` shows, or a YAML)"
         )
+    if folder is not None and not Path(name).is_absolute() and (folder / name).is_file():
+        name = str(folder / name)
     nics = _positive_or_none(row, "nics_per_node", where, "the cluster profile's own count")
     key = (name, nics)
     if key not in cache:
@@ -536,11 +547,13 @@ def validate_frame(
     strict: bool = False,
     stacks: tuple[Stack, ...] = (),
     lines: list[int] | None = None,
+    folder: Path | None = None,
 ) -> ValidationReport:
     """Predict every row of ``frame``; rows that cannot be simulated are reported with their reason.
 
     ``lines`` gives each row's line in the file (where blank lines or quoted line breaks come before it);
-    without it, row i is named as line i + 2, under the header.
+    without it, row i is named as line i + 2, under the header. ``folder`` (the CSV's) is where a cluster cell's
+    relative YAML path is looked for first.
     """
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
@@ -551,16 +564,21 @@ def validate_frame(
             f"missing column(s): {', '.join(missing)} (the header has: {shown or 'nothing'})",
             "name the columns as data/validation/README.md does",
         )
-    ids = [str(v).strip() for v in frame["run_id"] if isinstance(v, str) and v.strip()] if "run_id" in frame else []
-    repeated = sorted(i for i, n in Counter(ids).items() if n > 1)
+    row_lines = lines if lines is not None and len(lines) == len(frame) else [i + 2 for i in range(len(frame))]
+    at: dict[str, list[int]] = {}
+    for value, line in zip(frame["run_id"], row_lines, strict=True):  # a required column, checked above
+        if isinstance(value, str) and value.strip():
+            at.setdefault(value.strip(), []).append(line)
+    repeated = sorted(i for i, found in at.items() if len(found) > 1)
     if repeated:
         # One run counted twice weighs twice in the median and p90; a repeated measurement needs an id of its own.
-        shown = ", ".join(repeated[:5]) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
+        named = [f"{i} (lines {', '.join(map(str, at[i]))})" for i in repeated[:5]]
+        shown = ", ".join(named) + (f" and {len(repeated) - 5} more" if len(repeated) > 5 else "")
         raise SpecError(source, f"repeats run_id {shown}", "give every row its own run_id, or remove the copies")
     report = ValidationReport(source=source)
     clusters: dict[tuple[str, int | None], ClusterSpec] = {}
     for position, (_, row) in enumerate(frame.iterrows()):
-        line = lines[position] if lines is not None and len(lines) == len(frame) else position + 2
+        line = row_lines[position]
         where = f"{source}: line {line} ({_cell(row, 'run_id') or 'no run_id'})"
         measured, bad_measure = _measured(row, where)
         entry: dict[str, Any] = {
@@ -580,7 +598,7 @@ def validate_frame(
             if bad_measure is not None:
                 raise bad_measure
             model = row_model(row, where)
-            cluster = row_cluster(row, where, clusters)
+            cluster = row_cluster(row, where, clusters, folder)
             plan = row_plan(row, where)
             _row_rules(model, plan, row, where)
             # Grouped by what was simulated: "DGX-H100" and "dgx-h100" (or "BF16" and "bf16") are one cluster.
@@ -750,11 +768,19 @@ def validate_file(
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     # ... and hand-edited cells ("dgx-h100 ") the same values.
     frame = frame.apply(lambda column: column.str.strip()).replace("", np.nan)
+    # A row of nothing but separators (a spreadsheet's export of an emptied row) is a blank line, not a run.
+    kept = frame.notna().any(axis=1).to_numpy()
+    if not kept.all():
+        if len(lines) == len(frame):
+            lines = [line for line, keep in zip(lines, kept, strict=True) if keep]
+        frame = frame[kept].reset_index(drop=True)
+        if frame.empty:
+            raise SpecError(str(path), "has a header but no rows", "add one measured run per line below the header")
     stacks: tuple[Stack, ...] = ()
     chosen = (stacks_file or default_stacks_file(path)) if use_stacks else None
     if chosen is not None:
         stacks = load_stacks(chosen)
-    report = validate_frame(frame, str(path), strict=strict, stacks=stacks, lines=lines)
+    report = validate_frame(frame, str(path), strict=strict, stacks=stacks, lines=lines, folder=path.parent)
     # Which facts about the runs' software were applied, so that two reports can be told apart.
     report.summary["stacks_file"] = _stacks_label(chosen, stacks_file, path)
     report.summary["stacks_used"] = "file" if chosen is not None else ("off" if not use_stacks else "none found")
@@ -790,10 +816,14 @@ def _group_figures(grp: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _spearman(pred: list[float], meas: list[float]) -> float:
+    """Spearman's rho (average ranks for ties); NaN where the measured times are all equal (nothing to rank), 0
+    where only the predictions are (the simulator cannot tell the layouts apart: it ranks nothing)."""
     p = pd.Series(pred).rank().to_numpy()
     m = pd.Series(meas).rank().to_numpy()
-    if np.std(p) == 0 or np.std(m) == 0:
+    if np.std(m) == 0:
         return math.nan
+    if np.std(p) == 0:
+        return 0.0
     return float(np.corrcoef(p, m)[0, 1])
 
 
@@ -822,21 +852,31 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             groups.setdefault(str(r.get(key) or NOT_GIVEN), []).append(r)
         summary[f"by_{key}"] = {name: _group_figures(grp) for name, grp in sorted(groups.items())}
     layout_groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in ok:
+    for r in rows:
+        if r.get("invalid") or not math.isfinite(r["measured_step_time_s"]):
+            continue
         # The same layout measured with two software releases (or precisions) is not a choice between layouts.
         group = (r["model"], r["cluster"], r["num_gpus"], r["global_batch"], r["source"], r["precision"])
         layout_groups.setdefault(group, []).append(r)
     rhos = []
     per_group = []
-    for group, grp in layout_groups.items():
-        if len(grp) >= 3:
-            rho = _spearman([r["predicted_step_time_s"] for r in grp], [r["measured_step_time_s"] for r in grp])
-            if not math.isnan(rho):
-                rhos.append(rho)
-                # Each group's own figure, so that a poor mean can be traced to the layouts it ranks badly.
-                keys = ("model", "cluster", "num_gpus", "global_batch", "source", "precision")
-                per_group.append({**dict(zip(keys, group, strict=True)), "rows": len(grp), "spearman": rho})
+    unranked = 0
+    for group, measured in layout_groups.items():
+        if len(measured) < 3:
+            continue
+        grp = [r for r in measured if r.get("feasible")]
+        rho = _spearman([r["predicted_step_time_s"] for r in grp], [r["measured_step_time_s"] for r in grp])
+        if len(grp) < 3 or math.isnan(rho):
+            # Three measured layouts that cannot be ranked: rows judged infeasible (each counted as a miss already)
+            # leave fewer than three predictions, or every measured time is the same.
+            unranked += 1
+            continue
+        rhos.append(rho)
+        # Each group's own figure, so that a poor mean can be traced to the layouts it ranks badly.
+        keys = ("model", "cluster", "num_gpus", "global_batch", "source", "precision")
+        per_group.append({**dict(zip(keys, group, strict=True)), "rows": len(grp), "spearman": rho})
     summary["spearman_groups"] = len(rhos)
+    summary["spearman_groups_unranked"] = unranked
     summary["mean_spearman"] = float(np.mean(rhos)) if rhos else math.nan
     summary["spearman_by_group"] = per_group
     counts: dict[str, int] = {}
@@ -898,6 +938,7 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         f"{_pct(s.get('median_abs_error'))}, mean {_pct(s.get('mean_abs_error'))}, p90 {_pct(s.get('p90_abs_error'))}, "
         f"max {_pct(s.get('max_abs_error'))}; within-group Spearman {_num(s.get('mean_spearman'))} "
         f"over {s['spearman_groups']} groups"
+        + (f" ({s['spearman_groups_unranked']} more could not be ranked)" if s.get("spearman_groups_unranked") else "")
     )
     if "stacks_used" in s:
         matched = sum(1 for r in report.rows if r.get("stack"))

@@ -15,7 +15,7 @@ import yaml
 
 from simulator.errors import SpecError, not_utf8
 
-__all__ = ["load_yaml_file", "load_yaml_text"]
+__all__ = ["MAX_SPEC_BYTES", "load_yaml_file", "load_yaml_text", "read_spec_bytes"]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -59,10 +59,26 @@ def load_yaml_text(text: str, where: str) -> Any:
         raise SpecError(f"{where}: {at}", f"not valid YAML ({problem})", "fix the syntax") from None
 
 
+# The most a spec file (model, cluster, calibration YAML, or config.json) may hold: the largest shipped table is
+# under 1 MiB, and /dev/zero or a stray multi-GiB file named by mistake would otherwise be read into memory whole.
+MAX_SPEC_BYTES = 64 * 2**20
+
+
+def read_spec_bytes(path: Path) -> bytes:
+    """The bytes of a spec file, at most :data:`MAX_SPEC_BYTES` (OSError as reading raises it)."""
+    with path.open("rb") as fh:
+        data = fh.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError(
+            str(path), f"holds more than {MAX_SPEC_BYTES // 2**20} MiB, far more than a spec file", "check the path"
+        )
+    return data
+
+
 def load_yaml_file(path: Path) -> Any:
     """Read and parse a YAML file strictly."""
     try:
-        data = path.read_bytes()
+        data = read_spec_bytes(path)
     except FileNotFoundError:
         raise SpecError(str(path), "file not found", "check the path") from None
     except IsADirectoryError:

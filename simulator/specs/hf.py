@@ -22,6 +22,7 @@ from typing import Any
 
 from simulator.errors import SpecError, not_utf8
 from simulator.specs._fields import Fields
+from simulator.specs._yaml import read_spec_bytes
 from simulator.specs.model import MAX_LAYERS, ModelSpec, MoESpec
 
 __all__ = ["SUPPORTED_MODEL_TYPES", "UNREAD_ARCHITECTURE_KEYS", "load_hf_config", "model_from_hf_config"]
@@ -81,7 +82,7 @@ def load_hf_config(path: Path) -> ModelSpec:
     """Read ``config.json`` at ``path``."""
     where = str(path)
     try:
-        raw = path.read_bytes()
+        raw = read_spec_bytes(path)
     except FileNotFoundError:
         raise SpecError(where, "file not found", "check the path") from None
     except OSError as err:

@@ -405,6 +405,7 @@ HF_CHECK_CASES = [
             "model_type": "mixtral",
             "hidden_size": 64,
             "num_attention_heads": 4,
+            "num_key_value_heads": 2,
             "num_hidden_layers": 2,
             "intermediate_size": 128,
             "vocab_size": 100,
@@ -608,6 +609,24 @@ def test_check_goes_by_a_files_keys_before_its_folder(tmp_path: Path, capsys: py
     path.write_text(GOOD_MODEL)
     assert main(["check", str(path)]) == 0
     assert "(model)" in capsys.readouterr().out
+
+
+def test_validate_refuses_to_write_over_the_stacks_file_it_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out named the software_stacks.yaml next to the CSV, which validate reads unasked: the results replaced it,
+    and the next run failed on it. Found by a review of ``validate``."""
+    path = tmp_path / "runs.csv"
+    path.write_text(
+        "\n".join((ROOT / "data" / "validation" / "published_runs.csv").read_text().splitlines()[:2]) + "\n"
+    )
+    stacks = tmp_path / "software_stacks.yaml"
+    stacks.write_text((ROOT / "data" / "validation" / "software_stacks.yaml").read_text())
+    before = stacks.read_text()
+    assert main(["validate", str(path), "--out", str(stacks)]) == 2
+    _check_message(capsys.readouterr().err, ["--out", "is the stacks file this run reads"])
+    assert stacks.read_text() == before
+    assert main(["validate", str(path), "--no-stacks", "--out", str(stacks)]) == 0  # not read: the user's to replace
 
 
 def test_graph_bounds_its_sizes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -476,3 +476,13 @@ def test_a_network_scope_curve_in_a_table_is_refused_not_ignored() -> None:
     assert err.where == f"t.yaml: collectives[{len(data['collectives']) - 1}].scope"
     assert "network curves are not read" in err.what
     assert "nic_bandwidth_gbit_per_s" in err.what + err.fix
+
+
+@pytest.mark.parametrize("flag", ["--model", "--cluster"])
+def test_a_device_file_given_as_a_spec_is_refused_not_read_whole(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """/dev/zero as a model or cluster (or a validation row's cluster) was read whole: memory until a MemoryError
+    traceback. Found by a review of ``validate``."""
+    argv = [*TP8, "--cluster", "dgx-h100"]
+    argv[argv.index(flag) + 1] = "/dev/zero"
+    code, _, err = run(argv, capsys)
+    assert_clean_error(code, err, "/dev/zero", "holds more than 64 MiB, far more than a spec file")

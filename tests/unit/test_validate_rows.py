@@ -504,11 +504,12 @@ def test_each_row_carries_the_layout_as_simulated() -> None:
 
 
 def test_a_repeated_run_id_is_bad_input(tmp_path: Path) -> None:
-    """A row given twice was counted twice in the median and p90."""
+    """A row given twice was counted twice in the median and p90; the message names the lines of the copies (it
+    named none: found by a review of ``validate``), counted in the file, past a blank line."""
     src = (Path(__file__).resolve().parents[2] / "data" / "validation" / "published_runs.csv").read_text().splitlines()
     path = tmp_path / "dup.csv"
-    path.write_text("\n".join([src[0], src[1], src[2], src[1]]) + "\n")
-    with pytest.raises(SpecError, match="repeats run_id dev-0001"):
+    path.write_text("\n".join([src[0], src[1], src[2], "", src[1]]) + "\n")
+    with pytest.raises(SpecError, match=r"repeats run_id dev-0001 \(lines 2, 5\);"):
         validate_file(path)
 
 
@@ -583,3 +584,66 @@ def test_counts_beyond_two_to_the_53_are_invalid_and_every_format_writes_them(ce
     assert "num_gpus" in report.rows[0]["reason"]
     assert "global_batch" in report.rows[1]["reason"]
     assert report.rows_frame()["num_gpus"].isna().tolist() == [True, False]
+
+
+def test_a_group_the_simulator_cannot_tell_apart_scores_zero_not_nothing() -> None:
+    """Three rows whose measured times differ but whose predictions are equal had been dropped from the mean (a
+    simulator that cannot tell layouts apart improved its score); they rank nothing, so they count as 0. Groups that
+    cannot be ranked at all (equal measured times, or fewer than three rows predicted) are counted apart. Found by a
+    review of ``validate``."""
+    ranked = [
+        _row(run_id=f"a{tp}", tp=tp, dp=8 // tp, measured_step_time_s=t) for tp, t in ((1, 1.0), (2, 1.1), (4, 1.2))
+    ]
+    blind = [_row(run_id=f"b{i}", model="Tiny B", measured_step_time_s=t) for i, t in enumerate((1.3, 1.2, 1.1))]
+    flat = [_row(run_id=f"c{tp}", model="Tiny C", tp=tp, dp=8 // tp, measured_step_time_s=1.0) for tp in (1, 2, 4)]
+    summary = validate_frame(pd.DataFrame(ranked + blind + flat), "t.csv").summary
+    by_model = {g["model"]: g for g in summary["spearman_by_group"]}
+    assert sorted(by_model) == ["Tiny", "Tiny B"]
+    assert by_model["Tiny B"]["spearman"] == 0.0
+    assert summary["spearman_groups"] == 2
+    assert summary["mean_spearman"] == pytest.approx(by_model["Tiny"]["spearman"] / 2)
+    assert summary["spearman_groups_unranked"] == 1
+    table = format_report(validate_frame(pd.DataFrame(ranked + blind + flat), "t.csv"), "table")
+    assert "over 2 groups (1 more could not be ranked)" in table
+
+
+def test_a_row_of_nothing_but_separators_is_a_blank_line(tmp_path: Path) -> None:
+    """A spreadsheet exports an emptied row as ",,,,": it had been reported as an unreadable run ("heads: is
+    empty", exit 2). Found by a review of ``validate``."""
+    text = _tiny_csv([_row(), _row(run_id="r2", tp=2, dp=4)])
+    header, first, second = text.strip().splitlines()
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, first, "," * header.count(","), second, ""]))
+    report = validate_file(path)
+    assert [r["run_id"] for r in report.rows] == ["r1", "r2"]
+    assert report.summary["invalid"] == 0
+    (tmp_path / "empty.csv").write_text("\n".join([header, "," * header.count(","), ""]))
+    with pytest.raises(SpecError, match="has a header but no rows"):
+        validate_file(tmp_path / "empty.csv")
+
+
+@pytest.mark.parametrize(("column", "arch"), [("num_experts", None), ("experts_topk", "dense"), ("num_experts", "moe")])
+def test_a_negative_expert_count_is_invalid(column: str, arch: str | None) -> None:
+    """num_experts -2 with arch empty had been read as a dense row. Found by a review of ``validate``."""
+    changes: dict[str, object] = {column: -2, "arch": arch}
+    if arch == "moe":
+        changes.update(num_experts=-2, experts_topk=2)
+    (row,) = validate_frame(pd.DataFrame([_row(**changes)]), "t.csv").rows
+    assert row["invalid"]
+    assert f"{column}: must be >= 0, got -2" in row["reason"]
+
+
+def test_a_cluster_yaml_named_by_a_row_is_found_next_to_the_csv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative cluster path had been read from the working directory, while software_stacks.yaml is looked for
+    next to the CSV: the same file predicted from one folder and failed from another. Found by a review."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    shipped = Path(__file__).resolve().parents[2] / "hardware_profiles" / "clusters" / "dgx-h100.yaml"
+    (folder / "mycl.yaml").write_text(shipped.read_text().replace("name: dgx-h100", "name: mycl"))
+    (folder / "runs.csv").write_text(_tiny_csv([_row(cluster="mycl.yaml")]))
+    monkeypatch.chdir(tmp_path)
+    (row,) = validate_file(folder / "runs.csv", use_stacks=False).rows
+    assert row["feasible"], row["reason"]
+    assert row["cluster"] == "mycl"

@@ -32,6 +32,9 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERNAL = 1
+# A trace larger than this gets a note: the Perfetto UI runs in the browser, which slows down on traces of a few
+# hundred MB (its documentation points larger ones to trace_processor).
+TRACE_NOTE_BYTES = 100_000_000
 
 
 class _Parser(argparse.ArgumentParser):
@@ -266,9 +269,19 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace is not None:
         title = f"{model.name} on {cluster.name}"
         summary = result.to_dict()
-        meta = {k: summary[k] for k in ("step_time_s", "plan", "breakdown", "feasible", "reason", "chosen")}
+        # The breakdown is the critical stage's: named, with every stage's beside it.
+        keys = ("step_time_s", "plan", "breakdown", "critical_stage", "stage_breakdown", "feasible", "reason", "chosen")
+        meta = {k: summary[k] for k in keys}
         meta["what_if"] = what_if
-        _write_output(args.trace, chrome_trace_json(result.timeline, title=title, meta=_json_safe(meta)), "--trace")
+        text = chrome_trace_json(result.timeline, title=title, meta=_json_safe(meta))
+        _write_output(args.trace, text, "--trace")
+        if len(text) > TRACE_NOTE_BYTES:
+            print(
+                f"note: --trace {args.trace} holds {len(text) / 1e6:,.0f} MB ({len(result.timeline):,} rows); "
+                "ui.perfetto.dev opens files this large slowly, if at all: a smaller --global-batch (fewer "
+                "micro-batches) shows the same schedule",
+                file=sys.stderr,
+            )
         if not result.timeline:
             print(f"note: --trace {args.trace}: the plan has no timeline ({result.reason})", file=sys.stderr)
     train = None

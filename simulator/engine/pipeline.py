@@ -469,6 +469,14 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
                 yield env.timeout(res.duration_s + slow)
                 a.compute += slow
                 deferred.extend(buckets)  # without grad_overlap, reduction waits for the last backward
+                if record:
+                    # The task's own data-parallel collectives (ZeRO-2/3's per-layer gathers and reduce-scatters),
+                    # which its length already holds, drawn on the stage's data-parallel track.
+                    rows.extend(
+                        (s, "dp", name, start + t0, start + t1)
+                        for name, stream, _, t0, t1 in res.timeline
+                        if stream == "dp" and t1 > t0
+                    )
             a.compute += res.compute_s
             for kind, sec in res.exposed:
                 a.exposed[kind] = a.exposed.get(kind, 0.0) + sec
@@ -506,6 +514,7 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             a.dp += st.param_gather_s
             if record:
                 rows.append((s, "dp", "param_all_gather", start, env.now))
+                rows.append((s, "wait", WAIT_DP, start, env.now))  # the compute stream waits for it
         a.end = env.now
 
     for s in range(p):
@@ -517,6 +526,9 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
 
     if record:
         rows.extend((s, "dp", label, begin, end) for s in range(p) for begin, end, label in dp_items[s] if end > begin)
+        # A stage done before the step ends waits for the others: bubble in its breakdown (bubble_s below).
+        ends = max((acc[s].end for s in range(p)), default=0.0)
+        rows.extend((s, "wait", WAIT_BUBBLE, acc[s].end, ends) for s in range(p) if acc[s].end < ends)
     unfinished = [k for k, ev in done.items() if not ev.triggered]
     if unfinished:
         raise SimulatorError(f"pipeline deadlock: {len(unfinished)} tasks never ran (first: {unfinished[0]})")

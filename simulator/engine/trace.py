@@ -1,6 +1,8 @@
 """Chrome / Perfetto trace export of a simulated step.
 
-One process per pipeline stage, one thread (track) per stream: compute, data-parallel, and the send links.
+One process per pipeline stage, one thread (track) per stream: compute, data-parallel (gradient buckets, parameter
+gathers, and ZeRO-2/3's per-layer collectives inside the task that runs them), and the send links. A stage that
+finishes before the step ends waits as ``bubble`` to its end.
 Idle time on the compute stream between tasks is drawn as explicit ``idle`` slices so pipeline bubbles are
 visible at a glance; where the engine knows why the stream waits, the slice says so (``bubble``, ``pp transfer
 wait``, ``dp gather wait``, ``dp reduce wait``). Timestamps are microseconds, as the Trace Event Format requires
@@ -45,15 +47,14 @@ def chrome_trace(
             events.append({"ph": "M", "name": "thread_name", "pid": s, "tid": tid, "args": {"name": track}})
     last_end: dict[int, float] = {}
     # The engine's recorded waits ("wait" rows) are drawn on the compute track, in place of the idle they explain.
-    rows = [
-        (stage, "compute" if stream == "wait" else stream, name, start, end)
-        for stage, stream, name, start, end in timeline
+    rows = [row for row in timeline if row[1] != "wait"] + [
+        (stage, "compute", name, start, end) for stage, name, start, end in _waits(timeline)
     ]
     for stage, stream, name, start, end in sorted(rows, key=lambda r: (r[0], _TRACKS.index(r[1]), r[3], r[2])):
         tid = _TRACKS.index(stream)
         if stream == "compute":
             prev = last_end.get(stage, 0.0)
-            if start > prev + 1e-12:
+            if round(start * 1e6, 3) > round(prev * 1e6, 3):  # a gap the trace's nanoseconds can show
                 events.append(_slice(stage, tid, "idle", "idle", prev, start))
             # A zero-length task (a W on a stage without decoder layers) sorts after the task starting with it
             # and ends earlier: the stream's last end never moves back, so idle slices never cover work.
@@ -73,6 +74,19 @@ def chrome_trace(
 
 
 _KINDS = {"F": "forward", "B": "backward", "W": "weight gradients"}
+
+
+def _waits(timeline: Sequence[tuple[int, str, str, float, float]]) -> list[tuple[int, str, float, float]]:
+    """The recorded waits as ``(stage, name, start, end)``: one slice per wait, where a NIC-sharing transfer that
+    pushed a gather back had recorded two adjacent ones, and none shorter than the trace's nanosecond (a float's
+    rounding between two events at one instant)."""
+    out: list[tuple[int, str, float, float]] = []
+    for stage, _, name, start, end in sorted((r for r in timeline if r[1] == "wait"), key=lambda r: (r[0], r[3])):
+        if out and out[-1][0] == stage and out[-1][1] == name and abs(out[-1][3] - start) < 1e-12:
+            out[-1] = (stage, name, out[-1][2], max(out[-1][3], end))
+        else:
+            out.append((stage, name, start, end))
+    return [w for w in out if round(w[3] * 1e6, 3) > round(w[2] * 1e6, 3)]
 
 
 def _task_args(name: str, stage: int) -> dict[str, Any] | None:

@@ -565,3 +565,95 @@ def test_the_mfu_line_says_what_peak_it_is_against(capsys: pytest.CaptureFixture
     assert "of the bf16 peak 989 TFLOP/s" in out
     code, out, _ = run([*LLAMA8, "--precision", "fp8"], capsys)
     assert "FP8 runs are also rated against the 16-bit peak" in out
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [
+            "--model",
+            "llama2-7b",
+            "--gpus",
+            "16",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--schedule",
+            "zb_h1",
+            "--recompute",
+            "none",
+        ],
+        ["--model", "llama3-8b", "--gpus", "64", "--tp", "2", "--pp", "4", "--zero", "1", "--no-grad-overlap"],
+        ["--model", "llama3-8b", "--gpus", "32", "--tp", "2", "--pp", "4", "--vp", "2", "--zero", "1"],
+    ],
+    ids=["zb_h1", "blocking-gather", "interleaved"],
+)
+def test_every_stage_track_accounts_for_the_whole_step(
+    extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each stage's compute track covers the step from 0 to its end, and its labelled waits add up to the stage's
+    own breakdown: a stage that finished early had been blank to the step's end (counted as bubble), a blocking
+    parameter gather after the optimizer blank (counted as exposed data-parallel time); sub-nanosecond waits were
+    zero-length slices, a wait pushed back by a NIC-sharing transfer two slices. otherData names the critical stage
+    whose breakdown it carries, and every stage's. Found by a review of the trace output."""
+    path = tmp_path / "t.json"
+    argv = ["simulate", "--cluster", "dgx-h100", "--global-batch", "64", "--micro-batch", "1", *extra]
+    code, out, err = run([*argv, "--trace", str(path), "--format", "json"], capsys)
+    assert code == 0, err
+    answer = json.loads(out)
+    data = json.loads(path.read_text())
+    assert data["otherData"]["critical_stage"] == answer["critical_stage"]
+    assert data["otherData"]["stage_breakdown"] == answer["stage_breakdown"]
+    step_us = answer["step_time_s"] * 1e6
+    for s, stage in enumerate(answer["stage_breakdown"]):
+        track = sorted(
+            (e for e in data["traceEvents"] if e["ph"] == "X" and e["pid"] == s and e["tid"] == 0),
+            key=lambda e: e["ts"],
+        )
+        assert track[0]["ts"] == 0
+        assert track[-1]["ts"] + track[-1]["dur"] == pytest.approx(step_us, abs=0.01)
+        for before, after in itertools.pairwise(track):
+            assert after["ts"] == pytest.approx(before["ts"] + before["dur"], abs=0.002)  # no gap on the track
+            assert not (after["cat"] == "idle" and after["name"] == before["name"])  # one wait, one slice
+        assert all(e["dur"] > 0 for e in track if e["cat"] == "idle")
+        waits = {name: sum(e["dur"] for e in track if e["name"] == name) / 1e6 for name in ("bubble", "idle")}
+        dp = sum(e["dur"] for e in track if e["name"].startswith("dp ")) / 1e6
+        assert dp == pytest.approx(stage["dp_exposed_s"], abs=1e-6)
+        assert waits["bubble"] + waits["idle"] == pytest.approx(stage["bubble_s"], abs=1e-6)
+
+
+@pytest.mark.parametrize("pp", ["1", "2"])
+def test_zero3_collectives_are_drawn_on_the_data_parallel_track(
+    pp: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ZeRO-3's per-layer gathers and reduce-scatters run inside each task's length, and the data-parallel track
+    had stayed empty (with pp 1 wholly): the stream promised to show them showed none. Each is now drawn there,
+    inside the task that ran it, one at a time. Found by a review of the trace output."""
+    path = tmp_path / "z3.json"
+    argv = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "64", "--tp", "2", "--pp", pp]
+    argv += ["--global-batch", "64", "--micro-batch", "1", "--zero", "3", "--recompute", "full"]
+    code, _, err = run([*argv, "--trace", str(path), "--format", "json"], capsys)
+    assert code == 0, err
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
+    for s in {e["pid"] for e in events}:
+        dp = sorted((e for e in events if e["pid"] == s and e["tid"] == 1), key=lambda e: e["ts"])
+        names = {e["name"].rsplit(".", 1)[-1] for e in dp}
+        assert {"param_all_gather", "grad_reduce_scatter"} <= names, names
+        for before, after in itertools.pairwise(dp):
+            assert after["ts"] >= before["ts"] + before["dur"] - 0.002  # one collective at a time on the stream
+
+
+def test_a_very_large_trace_gets_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An 8-GPU plan near the forward-pass guard wrote 321 MB of trace without a word. Found by a review."""
+    import simulator.cli as cli
+
+    monkeypatch.setattr(cli, "TRACE_NOTE_BYTES", 1000)
+    code, _, err = run([*TRACE_ARGS, "--trace", str(tmp_path / "t.json")], capsys)
+    assert code == 0
+    assert f"note: --trace {tmp_path / 't.json'} holds" in err
+    assert "a smaller --global-batch" in err
+    monkeypatch.setattr(cli, "TRACE_NOTE_BYTES", 10**12)
+    assert "holds" not in run([*TRACE_ARGS, "--trace", str(tmp_path / "t.json")], capsys)[2]

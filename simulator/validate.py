@@ -333,7 +333,14 @@ def _measured(row: pd.Series, where: str) -> tuple[float, SpecError | None]:
 MIN_MEASURED_S = 1e-6
 
 
-def _row_rules(model: ModelSpec, plan: PlanSpec, row: pd.Series, where: str, stack_knobs: Iterable[str] = ()) -> None:
+def _row_rules(
+    model: ModelSpec,
+    plan: PlanSpec,
+    row: pd.Series,
+    where: str,
+    stack_knobs: Iterable[str] = (),
+    cluster: ClusterSpec | None = None,
+) -> None:
     """Rules a run that really ran cannot break, because its framework refuses to start without them (Megatron-LM
     ``arguments.py`` and ``TransformerConfig``): a row that breaks one has a wrong cell, and is invalid, not a
     miss. Only what the row states (its cells, and the knobs its software stack sets, ``stack_knobs``) is checked;
@@ -346,6 +353,22 @@ def _row_rules(model: ModelSpec, plan: PlanSpec, row: pd.Series, where: str, sta
             f"{where}: global_batch",
             f"must be a multiple of {what} ({per_step}), got {plan.global_batch}",
             "fix global_batch, dp or micro_batch",
+        )
+    if plan.cp > 1 and model.seq_len % (2 * plan.cp):
+        # Megatron-Core's context parallelism splits each sequence into 2·cp chunks for causal load balance (TE's
+        # attention asserts the per-rank length is even), so such a run cannot start.
+        raise SpecError(
+            f"{where}: cp",
+            f"must split seq_len ({model.seq_len}) into 2·cp equal chunks (Megatron-Core's load-balanced context "
+            f"parallelism), got {plan.cp}",
+            "fix cp or seq_len",
+        )
+    if cluster is not None and plan.precision not in dict(cluster.device.peak_flops):
+        # Transformer Engine refuses FP8 below compute capability 8.9; V100 has no BF16 tensor cores.
+        raise SpecError(
+            f"{where}: precision",
+            f"is {plan.precision}, which {cluster.device.name} has no tensor cores for",
+            "fix precision or cluster",
         )
     if model.heads % plan.tp or model.kv_heads % plan.tp:
         raise SpecError(
@@ -600,7 +623,7 @@ def validate_frame(
             model = row_model(row, where)
             cluster = row_cluster(row, where, clusters, folder)
             plan = row_plan(row, where)
-            _row_rules(model, plan, row, where)
+            _row_rules(model, plan, row, where, cluster=cluster)
             # Grouped by what was simulated: "DGX-H100" and "dgx-h100" (or "BF16" and "bf16") are one cluster.
             entry.update(cluster=cluster.name, precision=plan.precision)
             row_source = str(_cell(row, "source") or "")
@@ -611,7 +634,7 @@ def validate_frame(
                 try:
                     plan, entry["stack_knobs"] = _apply_stacks(plan, matching, stated)
                     # A stack's knob that breaks a rule the framework enforces makes the row as unrunnable as a cell.
-                    _row_rules(model, plan, row, where, entry["stack_knobs"])
+                    _row_rules(model, plan, row, where, entry["stack_knobs"], cluster)
                 except SpecError as err:  # the row's cells and its stack's knobs contradict each other
                     raise SpecError(
                         f"{where}: {err.where.removeprefix(f'{where}: ')} (set by software stack {matching[0].name!r})",

@@ -647,3 +647,20 @@ def test_a_cluster_yaml_named_by_a_row_is_found_next_to_the_csv(
     (row,) = validate_file(folder / "runs.csv", use_stacks=False).rows
     assert row["feasible"], row["reason"]
     assert row["cluster"] == "mycl"
+
+
+@pytest.mark.parametrize(
+    ("changes", "column", "what"),
+    [
+        ({"cp": 3, "dp": 2, "num_gpus": 6, "global_batch": 6}, "cp", "must split seq_len (256) into 2·cp equal chunks"),
+        ({"precision": "fp8", "cluster": "dgx-a100-80g"}, "precision", "is fp8, which A100-SXM4-80GB has no tensor"),
+        ({"precision": "bf16", "cluster": "dgx-v100"}, "precision", "is bf16, which V100-SXM2-32GB has no tensor"),
+    ],
+)
+def test_a_layout_its_framework_refuses_is_invalid_not_a_miss(changes: dict, column: str, what: str) -> None:
+    """A cp that does not split the sequence into 2·cp chunks, or FP8 on an A100, cannot start under Megatron-Core
+    and Transformer Engine: such a row has a wrong cell, and had been counted as a run judged infeasible (exit 0)
+    while a tp not dividing the heads was invalid (exit 2). Found by a review of ``validate``."""
+    (row,) = validate_frame(pd.DataFrame([_row(**changes)]), "t.csv").rows
+    assert row["invalid"], row["reason"]
+    assert f"{column}: {what}" in row["reason"]

@@ -44,6 +44,7 @@ which op classes ran on default (uncalibrated) curves in how many rows; each row
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -676,6 +677,11 @@ def validate_frame(
                 uncalibrated=[],
             )
             entry.update(dict.fromkeys(LAYOUT_COLUMNS))
+            if entry["cluster"]:
+                # Grouped by the cluster's own name, as the rows that ran are ("DGX-H100" is dgx-h100), where the
+                # cell names one (loaded once per file); a cell that names none stays as written.
+                with contextlib.suppress(SpecError):
+                    entry["cluster"] = row_cluster(row, where, clusters, folder).name
         report.rows.append(entry)
     report.summary = summarise(report.rows)
     return report
@@ -979,10 +985,13 @@ def format_report(report: ValidationReport, fmt: str) -> str:
         )
     for key in ("by_cluster", "by_source"):
         lines.append(f"{key.replace('_', ' ')}:")
+        width = min(max((len(name) for name in s[key]), default=0), 72)
         for name, st in s[key].items():
             scored = f" ({st['scored']} scored)" if st["scored"] != st["rows"] else ""
+            # A name longer than the column pushes its own figures right rather than being cut: two sources that
+            # differ only past the cut had printed as one name twice.
             lines.append(
-                f"  {name[:70]:<72} rows {st['rows']:>4}{scored}  median {_pct(st.get('median_abs_error'))}  "
+                f"  {name:<{width}}  rows {st['rows']:>4}{scored}  median {_pct(st.get('median_abs_error'))}  "
                 f"mean {_pct(st.get('mean_abs_error'))}  p90 {_pct(st.get('p90_abs_error'))}  "
                 f"max {_pct(st.get('max_abs_error'))}  infeasible {st['infeasible']}"
                 + (f"  invalid {st['invalid']}" if st.get("invalid") else "")

@@ -664,3 +664,22 @@ def test_a_layout_its_framework_refuses_is_invalid_not_a_miss(changes: dict, col
     (row,) = validate_frame(pd.DataFrame([_row(**changes)]), "t.csv").rows
     assert row["invalid"], row["reason"]
     assert f"{column}: {what}" in row["reason"]
+
+
+def test_an_invalid_row_is_grouped_under_its_clusters_own_name() -> None:
+    """A valid row counted under dgx-h100 and an invalid one under its cell's "DGX-H100": one cluster, two groups in
+    the by-cluster figures. Found by a review of ``validate``."""
+    rows = [_row(cluster="DGX-H100"), _row(run_id="r2", cluster="DGX-H100", measured_step_time_s=-1)]
+    report = validate_frame(pd.DataFrame(rows), "t.csv")
+    assert report.rows[1]["invalid"]
+    assert list(report.summary["by_cluster"]) == ["dgx-h100"]
+    assert report.summary["by_cluster"]["dgx-h100"]["invalid"] == 1
+
+
+def test_long_source_names_are_printed_whole() -> None:
+    """Two sources that differ only after their 70th character printed as one name twice. Found by a review."""
+    long = "NVIDIA/NeMo performance summary, a very long description of the table it came from, release "
+    rows = [_row(source=long + "24.07"), _row(run_id="r2", source=long + "24.09")]
+    table = format_report(validate_frame(pd.DataFrame(rows), "t.csv"), "table")
+    assert f"  {long}24.07  rows" in table
+    assert f"  {long}24.09  rows" in table

@@ -10,7 +10,8 @@ with, and an error that :class:`ModelSpec` raises names the config.json key the 
 meanings follow the ``transformers`` configuration classes of those families (``LlamaConfig``,
 ``MixtralConfig``, ``Qwen3MoeConfig``, ``GPT2Config``, ``GPTNeoXConfig``).
 The default training sequence length is ``max_position_embeddings`` capped at 8192, because long-context
-maxima (131072 for Llama 3.1) are rarely the pre-training length; pass ``--seq-len`` to override.
+maxima (131072 for Llama 3.1) are rarely the pre-training length; pass ``--seq-len`` to override. GPT-2's is
+``n_positions``, uncapped: its learned position table has that many rows.
 """
 
 from __future__ import annotations
@@ -235,11 +236,11 @@ def _respec(err: SpecError, f: Fields, keys: dict[str, str]) -> SpecError:
     return SpecError(f"{f.where}: {key}", f"{err.what} ({key} is clustersim's '{err.where}')", err.fix)
 
 
-def _seq(f: Fields, key: str, default: int = 2048) -> int:
+def _seq(f: Fields, key: str, default: int = 2048, *, cap: bool = True) -> int:
     """The default training length: the maximum positions (``default``, the family class's, where missing) capped
-    at 8,192."""
+    at 8,192; not capped (``cap`` false) for a learned position table, whose rows the model's ``seq_len`` sizes."""
     value = f.integer(key, default, minimum=1)
-    return int(min(value, _SEQ_CAP))
+    return int(min(value, _SEQ_CAP)) if cap else value
 
 
 # ModelSpec field -> the config.json key it came from, so that a spec error names the file's own key. GPT-NeoX
@@ -498,7 +499,7 @@ def _gpt2(f: Fields, name: str) -> ModelSpec:
             position_embedding="learned",
             bias=True,
             dropout=True,
-            seq_len=_seq(f, "n_positions", 1024),  # GPT2Config's default
+            seq_len=_seq(f, "n_positions", 1024, cap=False),  # GPT2Config's default; the table has n_positions rows
             source=f"Hugging Face config.json (gpt2): {f.where}",
         )
     except SpecError as err:

@@ -371,3 +371,12 @@ def test_expert_keys_in_a_dense_family_are_refused(family: str) -> None:
     with pytest.raises(SpecError, match=rf"num_local_experts: model_type '{family}' has no experts"):
         _load(cfg)
     assert _load({**base, "model_type": family, "num_experts": 0}).moe is None  # 0 or null: no experts, as said
+
+
+def test_gpt2s_learned_position_table_is_n_positions_long() -> None:
+    """A learned position table has n_positions rows whatever length a run uses: the 8,192 cap on the default
+    sequence (meant for rotary models' long-context maxima) had cut a 32,768-position GPT-2's table, 129.9M
+    parameters where the checkpoint has 148.8M. Found by a review of the importer."""
+    m = _load({**GPT2, "n_positions": 32768})
+    assert m.param_count() == 148_819_200
+    assert m.seq_len == 32768

@@ -12,6 +12,9 @@ meanings follow the ``transformers`` configuration classes of those families (``
 The default training sequence length is ``max_position_embeddings`` capped at 8192, because long-context
 maxima (131072 for Llama 3.1) are rarely the pre-training length; pass ``--seq-len`` to override. GPT-2's is
 ``n_positions``, uncapped: its learned position table has that many rows.
+Biases: a model spec has one flag for every linear layer's bias, set where a config sets both ``attention_bias`` and
+``mlp_bias``; Qwen2's q/k/v-only biases, either flag alone and Qwen3's q/k norms are left out (each under 0.002% of
+the parameters, and no GEMM FLOPs).
 """
 
 from __future__ import annotations

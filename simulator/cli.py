@@ -126,7 +126,7 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
         ),
         "--align-grad-reduce": (
             "with overlapped reduction and pp > 1, stages launch it as Megatron-Core does (its default): only the "
-            "first stage during its last backward; --no-align-grad-reduce: every stage bucket by bucket (PyTorch DDP)"
+            "first stage during its last backward; --no-align-grad-reduce: every stage during its last backward"
         ),
         "--grad-accum-upcast-copy": (
             "with --no-grad-accum-fusion: the gradient add first casts the 16-bit gradient to a copy in the "

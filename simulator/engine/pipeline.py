@@ -101,8 +101,9 @@ class PipelineInput:
     # only stage 0 reduces its buckets as its last backward frees them, the other stages launch all theirs after
     # their last backward ("other pipeline stages do grad reduction during pipeline bubble"); with interleaving
     # stage s launches chunk c's buckets together after its backward number b(c) + s, b(c) being that of chunk c's
-    # last backward (schedules.py, grad_sync_func). Off, every stage reduces bucket by bucket during the last
-    # backward of each chunk (PyTorch DDP, Megatron before the option).
+    # last backward (schedules.py, grad_sync_func). Off, every stage reduces its buckets as the last backward of
+    # each chunk frees them (Megatron before the option; run._chunk_bucket_params gives only stage 0's first chunk
+    # more than one bucket, as Megatron-Core's DDP does).
     align_grad_reduce: bool = False
     # Without interleaving, under grad_overlap: whether each stage's first parameter bucket is dispatched with the
     # step (Megatron-Core 0.8 and earlier, DistributedOptimizer.zero_grad; apex's DistributedFusedAdam) or, as

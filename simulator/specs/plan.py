@@ -29,7 +29,8 @@ autograd's own accumulation behaves alike), reading the gradient and the buffer 
 gradient reduction with pipeline parallelism: without interleaving only the first stage reduces during its last
 backward and the others after theirs; with interleaving stage s launches a chunk's buckets together s backward
 passes after that chunk's last one (:class:`simulator.engine.pipeline.PipelineInput`). Off, every stage reduces
-bucket by bucket during the last backward of each chunk, as PyTorch DDP does.
+during the last backward of each chunk. Either way only the first stage's first chunk is split into buckets, as
+Megatron-Core's DDP does (``bucket_size`` none for pipeline ranks > 0 and later chunks; ``run._chunk_bucket_params``).
 ``param_gather_at_step_start`` (off by default) is when, without interleaving, a stage dispatches the all-gather of
 its first parameter bucket under a sharded optimizer with ``grad_overlap``. Off, as Megatron-Core does since its
 bucket groups (0.9, NeMo 24.09 on): nothing dispatches it before the stage's first forward, whose pre-hook starts it

@@ -41,7 +41,7 @@ from simulator.parallel.program import (
     stage_params,
 )
 from simulator.parallel.schedule import generate, schedule_with_in_flight, stage_in_flight
-from simulator.parallel.stages import Chunk, partition
+from simulator.parallel.stages import Chunk, most_layers_per_chunk, partition
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import list_names, load_calibration
@@ -564,7 +564,9 @@ def _recompute_options(model: ModelSpec, candidate: PlanSpec) -> list[tuple[str,
     ``--recompute-method block --recompute-num-layers``), then of every layer."""
     if candidate.recompute is not None:
         return [(candidate.recompute, candidate.recompute_layers)]
-    per_chunk = -(-model.layers // (candidate.pp * (candidate.vp or 1)))
+    # Bounded by the fullest chunk, not the average: with the embedding and the loss on chunks of their own one
+    # chunk can hold two layers where the average is one.
+    per_chunk = most_layers_per_chunk(model.layers, candidate.pp * (candidate.vp or 1))
     partial: list[tuple[str, int | None]] = [("full", n) for n in range(1, per_chunk)]
     return [("none", None), ("selective", None), *partial, ("full", None)]
 

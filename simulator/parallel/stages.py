@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph
 
-__all__ = ["Chunk", "partition"]
+__all__ = ["Chunk", "most_layers_per_chunk", "partition"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,18 @@ class Chunk:
     chunk: int
     blocks: tuple[tuple[str, int], ...]
     layers: int
+
+
+def most_layers_per_chunk(layers: int, virtual: int) -> int:
+    """The most decoder layers any of ``virtual`` model chunks holds (more than the average's ceiling where the
+    embedding and the loss take chunks of their own: 32 layers over 33 chunks put 2 in one).
+
+    >>> most_layers_per_chunk(32, 33), most_layers_per_chunk(96, 8)
+    (2, 12)
+    """
+    if virtual > layers + 2:
+        return -(-layers // virtual)  # no such partition; the plan is refused where it is placed
+    return max(_layers_per_virtual_stage(layers, virtual))
 
 
 def _layers_per_virtual_stage(layers: int, virtual: int) -> list[int]:

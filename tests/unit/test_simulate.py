@@ -571,3 +571,20 @@ def test_a_partial_table_floors_kernels_at_the_curves_they_are_timed_on() -> Non
     assert cm.floor_s < 5e-6
     small = Op(name="m", kind="memory", read_bytes=1e6, write_bytes=1e6)
     assert cm.time(small) < 20e-6
+
+
+def test_block_recomputation_is_tried_where_one_chunk_holds_more_layers_than_the_average() -> None:
+    """With pp·vp = layers + 1 the chunks hold 0, 1, ..., 2, ..., 1, 0 layers: the bound on recompute_layers was the
+    ceiling of the average (1), so no block setting was tried and full recomputation of every layer was chosen where
+    recomputing the first layer of each chunk fits and is faster. Found by a review of the free-knob search."""
+    from simulator.run import _recompute_options
+
+    model = load_model("llama3-8b")
+    plan = PlanSpec(tp=1, pp=3, dp=1, global_batch=48, micro_batch=2, vp=11, grad_overlap=True, zero_stage=1)
+    assert ("full", 1) in _recompute_options(model, plan)
+    cluster = load_cluster("dgx-h100")
+    free = simulate(model, cluster, plan)
+    block = simulate(model, cluster, plan.with_(recompute="full", recompute_layers=1))
+    assert block.feasible
+    assert free.step_time_s <= block.step_time_s
+    assert (free.plan.recompute, free.plan.recompute_layers) == ("full", 1)

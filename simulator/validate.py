@@ -894,8 +894,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if len(measured) < 3:
             continue
         grp = [r for r in measured if r.get("feasible")]
-        rho = _spearman([r["predicted_step_time_s"] for r in grp], [r["measured_step_time_s"] for r in grp])
-        if len(grp) < 3 or math.isnan(rho):
+        rho = math.nan
+        if len(grp) >= 3:
+            rho = _spearman([r["predicted_step_time_s"] for r in grp], [r["measured_step_time_s"] for r in grp])
+        if math.isnan(rho):
             # Three measured layouts that cannot be ranked: rows judged infeasible (each counted as a miss already)
             # leave fewer than three predictions, or every measured time is the same.
             unranked += 1

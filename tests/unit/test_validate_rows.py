@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -683,3 +684,18 @@ def test_long_source_names_are_printed_whole() -> None:
     table = format_report(validate_frame(pd.DataFrame(rows), "t.csv"), "table")
     assert f"  {long}24.07  rows" in table
     assert f"  {long}24.09  rows" in table
+
+
+def test_a_group_whose_every_row_is_judged_infeasible_is_unranked_without_a_warning() -> None:
+    """The ranking of a group is not attempted with fewer than three predictions: with none, numpy's statistics of
+    an empty list had raised a RuntimeWarning (an error under this project's warning filter)."""
+    from simulator.validate import summarise
+
+    rows = [
+        _row(run_id=f"a{tp}", tp=tp, dp=8 // tp, measured_step_time_s=t) for tp, t in ((1, 1.0), (2, 1.1), (4, 1.2))
+    ]
+    report = validate_frame(pd.DataFrame(rows), "t.csv")
+    judged = [{**r, "feasible": False, "predicted_step_time_s": math.nan} for r in report.rows]
+    summary = summarise(judged)
+    assert summary["spearman_groups"] == 0
+    assert summary["spearman_groups_unranked"] == 1

@@ -525,15 +525,14 @@ def simulate_pipeline(inp: PipelineInput) -> PipelineResult:
             env.process(link(s, "B"))
     env.run()
 
-    if record:
-        rows.extend((s, "dp", label, begin, end) for s in range(p) for begin, end, label in dp_items[s] if end > begin)
-        # A stage done before the step ends waits for the others: bubble in its breakdown (bubble_s below).
-        ends = max((acc[s].end for s in range(p)), default=0.0)
-        rows.extend((s, "wait", WAIT_BUBBLE, acc[s].end, ends) for s in range(p) if acc[s].end < ends)
     unfinished = [k for k, ev in done.items() if not ev.triggered]
     if unfinished:
         raise SimulatorError(f"pipeline deadlock: {len(unfinished)} tasks never ran (first: {unfinished[0]})")
     step = max(a.end for a in acc)
+    if record:
+        rows.extend((s, "dp", label, begin, end) for s in range(p) for begin, end, label in dp_items[s] if end > begin)
+        # A stage done before the step ends waits for the others: bubble in its breakdown (bubble_s below).
+        rows.extend((s, "wait", WAIT_BUBBLE, a.end, step) for s, a in enumerate(acc) if a.end < step)
     for s, a in enumerate(acc):
         if a.busy_until > step + _EPS:
             raise SimulatorError(f"stage {s}: data-parallel stream busy until {a.busy_until} after step end {step}")

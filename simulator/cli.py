@@ -816,12 +816,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _batch_split_problem(plan: PlanSpec) -> str | None:
     """Why a plan's global batch cannot be split over its data-parallel replicas (``resolve_layout``'s rule, which
-    ``simulate`` answers as a plan that cannot run), or None; a free micro-batch needs dp to divide it only."""
-    mb = plan.micro_batch or 1
-    if plan.global_batch % (plan.dp * mb) == 0:
-        return None
-    what = f"dp·micro_batch ({plan.dp}·{mb} = {plan.dp * mb})" if plan.micro_batch else f"dp ({plan.dp})"
-    return f"global_batch must be a multiple of {what}, got {plan.global_batch}; fix global_batch, dp or micro_batch"
+    ``simulate`` answers as a plan that cannot run), or None."""
+    from simulator.parallel.layout import batch_split_problem
+
+    split = batch_split_problem(plan.global_batch, plan.dp, plan.micro_batch)
+    return split and f"global_batch {split}; fix global_batch, dp or micro_batch"
 
 
 def _guess_kind(data: Any, path: Path) -> str:

@@ -477,17 +477,20 @@ def _simulate(
 
 
 def _check_precision(cluster: ClusterSpec, plan: PlanSpec) -> None:
-    """The plan's precision needs tensor cores of that format: a device file lists a peak for each it has
-    (V100 has FP16 but no BF16, A100 no FP8)."""
+    if problem := precision_problem(cluster, plan.precision):
+        raise InfeasiblePlanError(problem)
+
+
+def precision_problem(cluster: ClusterSpec, precision: str) -> str | None:
+    """Why a plan cannot train in ``precision`` on the cluster's GPU, or None: it needs tensor cores of that format,
+    and a device file lists a peak for each it has (V100 has FP16 but no BF16, A100 no FP8; Transformer Engine
+    refuses FP8 below compute capability 8.9). The one wording for ``simulate`` and ``validate``."""
     peaks = dict(cluster.device.peak_flops)
-    if plan.precision in peaks:
-        return
+    if precision in peaks:
+        return None
     has = [p for p in ("fp8", "bf16", "fp16") if p in peaks]
-    fix = f"use {' or '.join(has)}" if has else f"the device lists no peak at all: give it peak_tflops_{plan.precision}"
-    raise InfeasiblePlanError(
-        f"precision {plan.precision} needs {plan.precision.upper()} tensor cores; {cluster.device.name} has none "
-        f"({fix})"
-    )
+    fix = f"use {' or '.join(has)}" if has else f"the device lists no peak at all: give it peak_tflops_{precision}"
+    return f"precision {precision} needs {precision.upper()} tensor cores; {cluster.device.name} has none ({fix})"
 
 
 def _structural_error(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> str:

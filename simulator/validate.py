@@ -60,7 +60,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import InfeasiblePlanError, SpecError, not_utf8
-from simulator.run import simulate
+from simulator.parallel.layout import batch_split_problem
+from simulator.run import precision_problem, simulate
 from simulator.specs._fields import MAX_COUNT, Fields
 from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
@@ -347,14 +348,8 @@ def _row_rules(
     miss. Only what the row states (its cells, and the knobs its software stack sets, ``stack_knobs``) is checked;
     a free micro-batch is the validator's to choose."""
     stated_mb = _cell(row, "micro_batch") is not None or "micro_batch" in stack_knobs
-    per_step = plan.dp * (plan.micro_batch if stated_mb and plan.micro_batch else 1)
-    if plan.global_batch % per_step:
-        what = "dp·micro_batch" if stated_mb else "dp"
-        raise SpecError(
-            f"{where}: global_batch",
-            f"must be a multiple of {what} ({per_step}), got {plan.global_batch}",
-            "fix global_batch, dp or micro_batch",
-        )
+    if split := batch_split_problem(plan.global_batch, plan.dp, plan.micro_batch if stated_mb else None):
+        raise SpecError(f"{where}: global_batch", split, "fix global_batch, dp or micro_batch")
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         # Megatron-Core's context parallelism splits each sequence into 2·cp chunks for causal load balance (TE's
         # attention asserts the per-rank length is even), so such a run cannot start.
@@ -364,13 +359,8 @@ def _row_rules(
             f"parallelism), got {plan.cp}",
             "fix cp or seq_len",
         )
-    if cluster is not None and plan.precision not in dict(cluster.device.peak_flops):
-        # Transformer Engine refuses FP8 below compute capability 8.9; V100 has no BF16 tensor cores.
-        raise SpecError(
-            f"{where}: precision",
-            f"is {plan.precision}, which {cluster.device.name} has no tensor cores for",
-            "fix precision or cluster",
-        )
+    if cluster is not None and (problem := precision_problem(cluster, plan.precision)):
+        raise SpecError(f"{where}: precision", problem, "fix precision or cluster")
     if model.heads % plan.tp or model.kv_heads % plan.tp:
         raise SpecError(
             f"{where}: tp",

@@ -230,11 +230,8 @@ def resolve_layout(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> La
         f"dp={dp:,} data-parallel replicas for a global batch of {plan.global_batch:,} sequences: every replica "
         "needs at least one; use fewer GPUs (or more tp, pp, cp) or a larger global batch",
     )
-    _require(
-        plan.global_batch % (dp * mb) == 0,
-        f"'global_batch' must be a multiple of dp·micro_batch: global_batch={plan.global_batch}, dp={dp}, "
-        f"micro_batch={mb}",
-    )
+    if split := batch_split_problem(plan.global_batch, dp, mb):
+        raise InfeasiblePlanError(f"'global_batch' {split}; fix global_batch, dp or micro_batch")
     micro_batches = plan.global_batch // (dp * mb)
     _require(
         micro_batches <= MAX_MICRO_BATCHES,
@@ -336,6 +333,18 @@ def _expert_tp(plan: PlanSpec, model: ModelSpec) -> int:
     if plan.expert_tp is not None:
         return plan.expert_tp
     return plan.tp if (plan.dp * plan.cp) % plan.ep == 0 else 1
+
+
+def batch_split_problem(global_batch: int, dp: int, micro_batch: int | None) -> str | None:
+    """Why a global batch cannot be split over dp replicas of micro_batch sequences each, or None: Megatron-LM's
+    ``arguments.py`` asserts ``global_batch_size % (micro_batch_size * data_parallel_size) == 0``. A micro-batch
+    left free (None) needs dp to divide the batch only. The one wording of this rule for ``simulate``, ``check``
+    and ``validate``."""
+    per_step = dp * (micro_batch or 1)
+    if global_batch % per_step == 0:
+        return None
+    what = f"dp·micro_batch ({dp}·{micro_batch} = {per_step})" if micro_batch else f"dp ({dp})"
+    return f"must be a multiple of {what}, got {global_batch}"
 
 
 def _require(ok: bool, message: str) -> None:

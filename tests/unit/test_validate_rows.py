@@ -405,8 +405,8 @@ def test_a_stack_knob_that_the_framework_would_refuse_makes_the_row_invalid(
     ("changes", "fragment"),
     [
         ({"tp": 3, "dp": 1, "num_gpus": 3}, "tp: must divide heads (8) and kv_heads (8)"),
-        ({"global_batch": 66}, "global_batch: must be a multiple of dp·micro_batch (8)"),
-        ({"global_batch": 66, "micro_batch": float("nan")}, "global_batch: must be a multiple of dp (8)"),
+        ({"global_batch": 66}, "global_batch: must be a multiple of dp·micro_batch (8·1 = 8), got 66"),
+        ({"global_batch": 66, "micro_batch": float("nan")}, "global_batch: must be a multiple of dp (8), got 66"),
         ({"vp": 2}, "vp: must be 1 without pipeline parallelism, got vp=2 with pp=1"),
         ({"ep": 2}, "ep: needs a MoE model"),
         # Found by a review of the MoE model: rows Megatron refuses to start were counted as infeasible misses.
@@ -654,8 +654,16 @@ def test_a_cluster_yaml_named_by_a_row_is_found_next_to_the_csv(
     ("changes", "column", "what"),
     [
         ({"cp": 3, "dp": 2, "num_gpus": 6, "global_batch": 6}, "cp", "must split seq_len (256) into 2·cp equal chunks"),
-        ({"precision": "fp8", "cluster": "dgx-a100-80g"}, "precision", "is fp8, which A100-SXM4-80GB has no tensor"),
-        ({"precision": "bf16", "cluster": "dgx-v100"}, "precision", "is bf16, which V100-SXM2-32GB has no tensor"),
+        (
+            {"precision": "fp8", "cluster": "dgx-a100-80g"},
+            "precision",
+            "precision fp8 needs FP8 tensor cores; A100-SXM4-80GB has none (use bf16 or fp16)",
+        ),
+        (
+            {"precision": "bf16", "cluster": "dgx-v100"},
+            "precision",
+            "precision bf16 needs BF16 tensor cores; V100-SXM2-32GB has none (use fp16)",
+        ),
     ],
 )
 def test_a_layout_its_framework_refuses_is_invalid_not_a_miss(changes: dict, column: str, what: str) -> None:

@@ -8,6 +8,7 @@ infeasible plan exits 3. A bug in clustersim keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import decimal
 import json
 import math
 import sys
@@ -309,27 +310,36 @@ _TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def _fmt_tokens(tokens: float) -> str:
-    """15e12 -> '15T', 2.5e9 -> '2.5B', 15e15 -> '15,000T', 999.99e9 -> '999.99B', 1234 -> '1,234'."""
+    """15e12 -> '15T', 2.5e9 -> '2.5B', 15e15 -> '15,000T', 999.999e9 -> '999.999B', 1234 -> '1,234': every
+    digit the count has (up to 12 significant), so that two counts that differ never read alike."""
     for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
         if tokens >= scale:
-            return f"{tokens / scale:,.2f}".rstrip("0").rstrip(".") + suffix
+            return f"{tokens / scale:,.12g}{suffix}"
     return f"{tokens:,.0f}"
 
 
 def _token_count(text: str) -> float:
-    """``--train-tokens``: a positive number, optionally with a K, M, B (or G) or T suffix."""
+    """``--train-tokens``: a positive whole number of tokens, optionally with a K, M, B (or G) or T suffix (read
+    as a decimal, so that 0.1K is 100 tokens, not 100.00000000000001)."""
     raw = text.strip()
     scale = _TOKEN_SUFFIXES.get(raw[-1:].upper(), 1.0) if raw else 1.0
     number = raw[:-1] if scale != 1.0 else raw
     try:
-        value = float(number) * scale
-    except ValueError:
-        value = math.nan
+        exact = decimal.Decimal(number) * decimal.Decimal(int(scale))
+        value = float(exact) if exact.is_finite() else math.nan
+    except (decimal.InvalidOperation, ValueError):
+        exact, value = decimal.Decimal(0), math.nan
     if not (math.isfinite(value) and value >= 1):
         raise SpecError(
             f"--train-tokens {text!r}",
             "is not a token count",
             "give a positive number of tokens, e.g. 15e12 or 15T (suffixes K, M, B, T)",
+        )
+    if exact != exact.to_integral_value():
+        raise SpecError(
+            f"--train-tokens {text!r}",
+            f"is {exact.normalize():f} tokens, not a whole number",
+            "give a whole number of tokens, e.g. 2 or 1.5T",
         )
     from simulator.run import MAX_TRAIN_TOKENS
 
@@ -422,6 +432,22 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def _fmt_span(seconds: float) -> str:
+    """A training time: '41 s', '24.7 minutes', '5.2 hours', '22.4 days'."""
+    if seconds < 60:
+        return fmt_seconds(seconds)
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} minutes"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:,.1f} days"
+
+
+def _fmt_gpu_hours(hours: float) -> str:
+    """Whole GPU-hours from 100 on, three significant digits below ('0.0412', '7.5', '4,411,935')."""
+    return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"
+
+
 def _result_table(r: Any, train: dict[str, float] | None = None, tokens: float | None = None) -> str:
     p = r.plan
     lines = [
@@ -438,27 +464,25 @@ def _result_table(r: Any, train: dict[str, float] | None = None, tokens: float |
             f"MFU {r.mfu * 100:.1f}%   HFU {r.hfu * 100:.1f}%"
         )
         basis = "fp16" if p.precision == "fp16" else "bf16"
-        peak = f", of the {basis} peak {r.model_tflops_per_gpu / r.mfu:,.0f} TFLOP/s" if r.mfu > 0 else ""
         lines.append(
-            f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {r.model_tflops_per_gpu:,.1f} model TFLOP/s{peak}"
+            f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {r.model_tflops_per_gpu:,.1f} model TFLOP/s, "
+            f"of the {basis} peak {r.peak_tflops_per_gpu:,.0f} TFLOP/s"
             + (" (FP8 runs are also rated against the 16-bit peak)" if p.precision == "fp8" else "")
         )
-        if r.mfu > r.hfu:
+        if r.mfu_causal < r.mfu:
             lines.append(
-                "(MFU above HFU: model FLOPs count attention at the full s², PaLM's convention and older "
-                "Megatron-LM's, while the causal kernels skip the masked half; current Megatron-LM and NeMo halve "
-                "causal attention, so their MFU for this step is lower)"
+                "(model FLOPs count attention at the full s², as PaLM and NeMo 2 do; Megatron-LM and Megatron-Bridge "
+                f"halve causal attention: by their count MFU {r.mfu_causal * 100:.1f}%, "
+                f"{r.model_tflops_per_gpu * r.mfu_causal / r.mfu:,.1f} TFLOP/s per GPU)"
             )
         if train is not None:
             cost = "" if math.isnan(train["cost_usd"]) else f", {train['cost_usd']:,.0f} USD"
             steps = f"{train['steps']:,.0f} step{'' if train['steps'] == 1 else 's'}"
-            days = train["days"]
-            hours = days * 24
-            span = fmt_seconds(hours * 3600) if hours < 1 else f"{hours:.1f} hours" if days < 1 else f"{days:,.1f} days"
             lines.append(
-                f"training on {_fmt_tokens(train['tokens'])} tokens: {steps}, "
-                f"{span} on {r.num_gpus:,} GPUs, {train['gpu_hours']:,.0f} GPU-hours{cost} "
-                "(no restarts, evaluation or checkpoints)"
+                f"training on {_fmt_tokens(train['tokens'])} tokens: {steps} of "
+                f"{_fmt_tokens(p.global_batch * p.seq_len)} tokens, {_fmt_span(train['days'] * 86400)} on "
+                f"{r.num_gpus:,} GPUs, {_fmt_gpu_hours(train['gpu_hours'])} GPU-hours{cost} (constant batch and "
+                "sequence length, no restarts, evaluation or checkpoints)"
             )
     if tokens is not None and train is None:
         lines.append(f"training on {_fmt_tokens(tokens)} tokens: no training time, the plan is infeasible")

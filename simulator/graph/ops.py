@@ -55,7 +55,7 @@ class Op:
     replicated_params : int
         The part of ``params`` that tensor parallelism does not split although the op has a TP axis: the
         learned position table beside the vocab-parallel word table, which Megatron-LM keeps whole on every
-        TP rank (a plain ``torch.nn.Embedding`` in ``LanguageModelEmbedding``).
+        TP rank (a plain ``torch.nn.Embedding`` in ``LanguageModelEmbedding``), and a row-parallel layer's bias.
     act_bytes : float
         Bytes saved for the backward pass (forward op only).
     tok_axis, tp_axis : str
@@ -126,6 +126,15 @@ class Op:
             full = 4.0 * self.batch * self.heads * self.seq_q * self.seq_kv * self.head_dim
             return full * (2.0 if self.phase != "fwd" else 1.0)
         return 0.0
+
+    @property
+    def model_flops_causal(self) -> float:
+        """:attr:`model_flops` with causal attention at half of s², the count Megatron-LM's
+        ``num_floating_point_operations`` (``seq_length / 2  # causal mask``) and Megatron-Bridge's ``flop_utils``
+        log their TFLOP/s/GPU with; NeMo 2's ``flops_formulas`` and PaLM count the full s², as :attr:`model_flops`."""
+        if self.kind == "attention" and self.causal:
+            return 0.5 * self.model_flops
+        return self.model_flops
 
     @property
     def bytes(self) -> float:

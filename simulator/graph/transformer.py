@@ -109,10 +109,11 @@ class Block:
         """Bytes one instance keeps for backward, per micro-batch."""
         return sum(op.act_bytes for op in self.forward)
 
-    def model_flops(self, phase: str = "all") -> float:
-        """Model FLOPs of one instance (``fwd``, ``bwd`` or ``all``)."""
+    def model_flops(self, phase: str = "all", causal: bool = False) -> float:
+        """Model FLOPs of one instance (``fwd``, ``bwd`` or ``all``); ``causal``: with causal attention at half of s²
+        (:attr:`~simulator.graph.ops.Op.model_flops_causal`)."""
         ops = self.forward if phase == "fwd" else self.backward if phase == "bwd" else self.forward + self.backward
-        return sum(op.model_flops for op in ops)
+        return sum(op.model_flops_causal if causal else op.model_flops for op in ops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,9 +162,10 @@ class ModelGraph:
         """Model FLOPs of one forward pass of the micro-batch."""
         return sum(b.model_flops("fwd") * b.count for b in self.blocks)
 
-    def step_model_flops(self) -> float:
-        """Model FLOPs of forward plus backward of the micro-batch (no recomputation)."""
-        return sum(b.model_flops("all") * b.count for b in self.blocks)
+    def step_model_flops(self, causal: bool = False) -> float:
+        """Model FLOPs of forward plus backward of the micro-batch (no recomputation); ``causal``: with causal
+        attention at half of s², Megatron-LM's count."""
+        return sum(b.model_flops("all", causal) * b.count for b in self.blocks)
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per operator (forward then backward, per block), for tables and JSON."""
@@ -235,6 +237,9 @@ def _linear(
         k=k,
         n=n,
         params=params,
+        # A row-parallel layer's bias is whole on every TP rank: it is added once, after the reduction of the
+        # partial products (Megatron-Core RowParallelLinear: "bias is not parallelized").
+        replicated_params=n if bias and tp == "row" else 0,
         act_bytes=float(E * tokens * k) if act else 0.0,
         tok_axis="m",
         tp_axis=fwd_tp,
@@ -452,7 +457,13 @@ def _as_grouped(op: Op, experts: int, per_expert_tokens: float) -> Op:
     if op.kind != "gemm":
         return op
     token_field = "m" if op.tok_axis == "m" else "k"
-    return op.with_(batch=experts, params=op.params * experts, grouped=True, **{token_field: per_expert_tokens})
+    return op.with_(
+        batch=experts,
+        params=op.params * experts,
+        replicated_params=op.replicated_params * experts,
+        grouped=True,
+        **{token_field: per_expert_tokens},
+    )
 
 
 def _layer(model: ModelSpec, b: int, s: int, kernel: str, moe: bool) -> tuple[list[Op], list[Op]]:

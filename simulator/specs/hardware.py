@@ -139,7 +139,9 @@ class DeviceSpec:
         check_ranges(self, {"sm_count": 0, "tdp_watts": 0.0, "price_per_gpu_hour_usd": 0.0})
         for precision, flops in pairs:
             _check_plausible("peak_tflops", f"peak_tflops_{precision}", flops, "give the dense peak in TFLOP/s")
-        _check_plausible("hbm_gib", "hbm_gib", self.hbm_bytes, "give the memory capacity in GiB (80 GB is 79.6 GiB)")
+        _check_plausible(
+            "hbm_gib", "hbm_gib", self.hbm_bytes, "give the capacity in GiB (nvidia-smi's MiB / 1024: 79.6 on H100)"
+        )
         _check_plausible(
             "hbm_bandwidth_gb_per_s",
             "hbm_bandwidth_gb_per_s",

@@ -16,6 +16,7 @@ import pytest
 from simulator.cli import main
 from simulator.graph.transformer import build_graph
 from simulator.specs.library import find_file, load_cluster, load_model
+from simulator.units import fmt_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -501,16 +502,41 @@ def test_time_to_train_is_only_given_for_a_plan_that_runs(capsys: pytest.Capture
     assert code == 2
     code, out, _ = run([*LLAMA8, "--train-tokens", "262144"], capsys)  # one step of 64 × 4,096 tokens
     assert code == 0
-    assert re.search(r"training on 262,144 tokens: 1 step, [0-9.]+ m?s on 64 GPUs", out)
+    assert re.search(r"training on 262,144 tokens: 1 step of 262,144 tokens, [0-9.]+ m?s on 64 GPUs", out)
     from simulator.cli import _fmt_tokens
 
-    assert [_fmt_tokens(t) for t in (15e12, 15_000e12, 999.99e9, 2.5e9, 1234.0)] == [
+    assert [_fmt_tokens(t) for t in (15e12, 15_000e12, 999.99e9, 999.999e9, 2.5e9, 1234.0)] == [
         "15T",
         "15,000T",
         "999.99B",
+        "999.999B",
         "2.5B",
         "1,234",
     ]
+
+
+def test_time_to_train_reads_right_at_every_scale(capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a review of the throughput metrics: 1.5 tokens was accepted and printed as 2, 999.999B as 1,000B,
+    1.0000001e16 refused as "10,000T, more than the 10,000T", a run under an hour in seconds ("1479.100 s") and
+    under half a GPU-hour as "0 GPU-hours"."""
+    for bad, what in (("1.5", "1.5 tokens, not a whole number"), ("1.0005K", "1000.5 tokens")):
+        code, _, err = run([*LLAMA8, "--train-tokens", bad], capsys)
+        assert code == 2
+        assert what in err, err
+    code, _, err = run([*LLAMA8, "--train-tokens", "1.0000001e16"], capsys)
+    assert code == 2
+    assert "is 10,000.001T tokens, more than the 10,000T" in err
+    data = simulate_json([*LLAMA8, "--train-tokens", "0.1K"], capsys)
+    assert data["train"]["tokens"] == 100
+    assert data["train"]["tokens_per_step"] == 64 * 4096
+    step = data["step_time_s"]
+    steps = math.ceil(3000 / step)  # some 50 minutes of steps
+    code, out, _ = run([*LLAMA8, "--train-tokens", str(steps * 64 * 4096)], capsys)
+    assert code == 0
+    minutes = steps * step / 60
+    assert f"steps of 262,144 tokens, {minutes:.1f} minutes on 64 GPUs, {minutes / 60 * 64:,.1f} GPU-hours" in out
+    code, out, _ = run([*LLAMA8, "--train-tokens", "1"], capsys)
+    assert f"1 step of 262,144 tokens, {fmt_seconds(step)} on 64 GPUs, {step / 3600 * 64:.3g} GPU-hours" in out
 
 
 def test_time_to_train_from_python_checks_its_argument_and_feasibility() -> None:
@@ -565,6 +591,22 @@ def test_the_mfu_line_says_what_peak_it_is_against(capsys: pytest.CaptureFixture
     assert "of the bf16 peak 989 TFLOP/s" in out
     code, out, _ = run([*LLAMA8, "--precision", "fp8"], capsys)
     assert "FP8 runs are also rated against the 16-bit peak" in out
+
+
+def test_mfu_by_megatrons_count_is_given_with_or_without_recomputation(capsys: pytest.CaptureFixture[str]) -> None:
+    """The note on the full-s² convention was printed only where MFU exceeded HFU, so it vanished as soon as
+    recomputation put HFU above MFU; it also named NeMo among the frameworks that halve causal attention, whose
+    ``flops_formulas`` count the full s². It now always gives the Megatron-LM figure, and JSON carries it with the
+    peak MFU is taken against. Found by a review of the throughput metrics."""
+    code, out, _ = run([*LLAMA8, "--recompute", "full"], capsys)
+    assert code == 0
+    d = simulate_json([*LLAMA8, "--recompute", "full"], capsys)
+    assert d["hfu"] > d["mfu"] > d["mfu_causal"] > 0
+    assert d["mfu_causal"] == pytest.approx(d["mfu"] * d["model_flops_causal"] / d["model_flops"])
+    assert d["peak_tflops_per_gpu"] == pytest.approx(989.4, abs=0.1)
+    assert f"by their count MFU {d['mfu_causal'] * 100:.1f}%" in out
+    assert "NeMo 2 do" in out
+    assert "Megatron-LM and NeMo halve" not in out
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,28 @@ def test_backward_model_flops_are_twice_forward() -> None:
     assert g.step_model_flops() == pytest.approx(3 * g.forward_model_flops(), rel=1e-12)
 
 
+@pytest.mark.parametrize(("name", "seq"), [("gpt3-175b", 2048), ("llama3-70b", 8192), ("llama3-8b", 8192)])
+def test_causal_model_flops_are_megatron_lms_count(name: str, seq: int) -> None:
+    """Megatron-LM's ``num_floating_point_operations`` (megatron/training/training.py) halves causal attention:
+    12·b·s·L·h²·((1 + g/a + s/(2h)) + (f/h)·(1.5 if gated else 1) + V/(2·L·h)) per step. ``mfu_causal`` is
+    computed on this count; a review found the CLI naming NeMo among those that halve it, and the note missing
+    wherever recomputation put HFU above MFU."""
+    m = load_model(name)
+    g = build_graph(m, seq, 1)
+    h, layers = m.hidden, m.layers
+    gated = 1.5 if m.gated_mlp else 1.0
+    megatron = (
+        12
+        * seq
+        * layers
+        * h
+        * h
+        * ((1 + m.kv_heads / m.heads + seq / h / 2) + m.ffn_hidden / h * gated + m.vocab / (2 * layers * h))
+    )
+    assert g.step_model_flops(causal=True) == pytest.approx(megatron, rel=1e-12)
+    assert g.step_model_flops() > g.step_model_flops(causal=True)
+
+
 def test_graph_parameters_equal_the_spec() -> None:
     """Issue 2 (graph): the operators own exactly the spec's parameters (nothing lost or double counted)."""
     for name in ("gpt3-175b", "llama3-405b", "mixtral-8x7b", "qwen3-235b-a22b"):

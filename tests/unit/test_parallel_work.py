@@ -933,6 +933,20 @@ def test_capacity_factor_caps_the_busiest_ranks_load() -> None:
     assert a.step_time_s < d.step_time_s
 
 
+def test_a_row_parallel_bias_is_whole_on_every_tp_rank() -> None:
+    """Megatron-Core's RowParallelLinear adds its bias after reducing the partial products, so every TP rank holds it
+    whole ("bias is not parallelized"); a column-parallel bias is split with its columns. Found by a memory review:
+    both were split, 2h(1 - 1/tp) parameters short per layer (4.4 MiB per rank for GPT-3 175B at tp 8)."""
+    model = replace(DENSE, bias=True)
+    layout = resolve_layout(model, CLUSTER, _plan(tp=4, seq_len=model.seq_len))
+    ops = {op.name: op for op in build_graph(model, model.seq_len, 1).block("layer.dense").forward}
+    h, f = model.hidden, model.ffn_hidden
+    assert local_params(ops["attn.out"], layout) == model.attn_dim * h // 4 + h
+    assert local_params(ops["mlp.down"], layout) == f * h // 4 + h
+    assert local_params(ops["mlp.up"], layout) == (h * f + f) // 4
+    assert build_graph(model, model.seq_len, 1).params() == model.param_count()
+
+
 def test_zero3_gathers_only_sharded_parameters() -> None:
     """With ep = dp every rank keeps its experts whole (the expert-data-parallel group is one rank), so ZeRO-3
     gathers only a layer's dense parameters, and its two gather buffers (current and prefetched layer, 16-bit) hold

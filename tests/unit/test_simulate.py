@@ -337,6 +337,26 @@ def test_fp8_gemm_without_fp8_measurement_runs_at_the_devices_16bit_efficiency_t
     assert bf16.time(up) / fp8.time(up) == pytest.approx(peaks * FP8_OVER_16BIT_EFFICIENCY, rel=1e-6)
 
 
+def test_a_small_fp8_gemm_is_held_to_a_16bit_gemm_of_its_own_ideal_time() -> None:
+    """An FP8 GEMM without an FP8 curve is no faster than a 16-bit GEMM of the same ideal time: that GEMM has
+    flops · p16 / p8 FLOPs. It had been half the FLOPs whatever the peaks, so a what-if raising only the 16-bit peak
+    read the curve at an ever smaller GEMM: a tp-8 MLP GEMM of 1,024 tokens on H200 37% slower at a 16-bit peak
+    equal to FP8's, an FP8 step 19%. What is left is the large-GEMM rule, the 16-bit GEMM of the same shape times
+    Transformer Engine's measured ratio (0.952): at most 1/0.952. Found by a property review."""
+    from simulator.cost.compute import FP8_OVER_16BIT_EFFICIENCY, ComputeModel
+    from simulator.graph.transformer import build_graph
+    from simulator.run import _default_table
+
+    block = build_graph(load_model("llama3-8b"), 1024, 1).block("layer.dense")
+    up = next(op for op in block.forward if op.name == "mlp.up")
+    up = up.with_(n=up.n // 8)
+    times = []
+    for bf16 in (989.4, 1484.1, 1978.9):
+        cluster = load_cluster("hgx-h200", None, {"peak_tflops_bf16": bf16, "peak_tflops_fp16": bf16})
+        times.append(ComputeModel(cluster.device, cluster.calibration, _default_table(), "fp8").time(up))
+    assert max(times) <= times[0] / FP8_OVER_16BIT_EFFICIENCY
+
+
 def test_unfused_softmax_is_timed_as_a_row_reduction_like_layernorm() -> None:
     """Softmax forward and backward reduce each row and rescale it, as LayerNorm does: both take the measured
     ``norm`` curve, not the median of all memory-bound kernels."""

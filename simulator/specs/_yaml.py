@@ -8,6 +8,7 @@ numbers written as strings. Files are read once, when a spec is built; nothing h
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,32 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+# Integers as YAML 1.2 reads them. YAML 1.1, PyYAML's default, reads a leading zero as octal and colons as base 60,
+# so `layers: 010` was 8 and `1:30` 90, silently, while `--global-batch 010` means 10. Decimal digits are decimal
+# here (leading zeros allowed), 0x/0o/0b prefixed ones hexadecimal, octal and binary; "1:30" stays a string, which
+# the field readers refuse with the key's name.
+_INT_TAG = "tag:yaml.org,2002:int"
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    _INT_TAG,
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*|[-+]?0x[0-9a-fA-F_]+|[-+]?0o[0-7_]+|[-+]?0b[01_]+)$"),
+    list("-+0123456789"),
+)
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+    bases = {"0x": 16, "0o": 8, "0b": 2}
+    base = bases.get(digits[:2].lower(), 10)
+    return sign * int(digits[2:] if base != 10 else digits, base)
+
+
+_StrictLoader.add_constructor(_INT_TAG, _construct_int)
+
 
 def load_yaml_text(text: str, where: str) -> Any:
     """Parse YAML text strictly; errors name ``where`` (usually the file)."""
@@ -52,6 +79,10 @@ def load_yaml_text(text: str, where: str) -> Any:
         raise SpecError(f"{where}: {err.where}", err.what, err.fix) from None
     except RecursionError:
         raise SpecError(where, "nested too deeply to read", "flatten the lists and mappings") from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as err:
+        # A scalar its tag cannot build: a date like 2001-13-45, '!!int abc', an integer of thousands of digits.
+        what = "an integer of more than 4,300 digits" if "digits" in str(err) else str(err)
+        raise SpecError(where, f"holds a value YAML cannot read ({what})", "write a plain number or string") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"

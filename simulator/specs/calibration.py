@@ -156,8 +156,12 @@ class EfficiencyCurve:
         ys = f.number_list("efficiency")
         _check_axis(f, "log10_size", xs, ys, "efficiency")
         for i, y in enumerate(ys):
-            if not 0 < y <= 1.0:
-                raise f.error(f"efficiency[{i}]", f"must be in (0, 1], got {y}", "efficiency is achieved / peak")
+            if not MIN_CURVE_EFFICIENCY <= y <= 1.0:
+                raise f.error(
+                    f"efficiency[{i}]",
+                    f"must be in [{MIN_CURVE_EFFICIENCY:g}, 1], got {y}",
+                    "efficiency is achieved / peak (a table's smallest measured one is 7e-4)",
+                )
         spec = cls(
             op=f.choice("op", COMPUTE_OPS),
             precision=f.choice("precision", CURVE_PRECISIONS),
@@ -184,6 +188,31 @@ def _refuse_repeats(f: Fields, key: str, keys: list[tuple[object, ...]], what: s
                 f"repeats the {what} of {key}[{first}] ({', '.join(map(str, k))})",
                 "keep one curve per key (merge their points)",
             )
+
+
+# The range of a realistic bus bandwidth or NVLink rate, in GB/s, also the cluster files' bounds for NVLink
+# (hardware.PLAUSIBLE, which says why: 1 MB/s to 1 PB/s). Outside it a figure is a unit slip: a curve at 1e-310 GB/s
+# (a denormal) made a step of NaN seconds, exit 0.
+MIN_BUSBW_GB_PER_S, MAX_BUSBW_GB_PER_S = 1e-3, 1e6
+# The lowest efficiency a curve may state: far below any measured kernel's (the shipped tables' smallest is 7e-4,
+# a launch-bound norm on H100), and above the denormals that made times overflow.
+MIN_CURVE_EFFICIENCY = 1e-6
+
+
+def _bandwidth_or_zero(f: Fields, key: str, default: float | None = 0.0) -> float | None:
+    """A bandwidth in GB/s within the realistic range; the default (0 or None: not stated) where left out."""
+    value = f.number(key, default, minimum=0.0)
+    if (
+        value is not None
+        and (value != 0.0 or default is None)
+        and not MIN_BUSBW_GB_PER_S <= value <= MAX_BUSBW_GB_PER_S
+    ):
+        raise f.error(
+            key,
+            f"is not a realistic figure: {value:g} GB/s is outside {MIN_BUSBW_GB_PER_S:g} to {MAX_BUSBW_GB_PER_S:g}",
+            "give the per-GPU NVLink bandwidth in GB/s",
+        )
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -227,8 +256,13 @@ class BandwidthCurve:
         ys = f.number_list("busbw_gb_per_s")
         _check_axis(f, "log2_bytes", xs, ys, "busbw_gb_per_s")
         for i, y in enumerate(ys):
-            if y <= 0:
-                raise f.error(f"busbw_gb_per_s[{i}]", f"must be > 0, got {y}", "bandwidths are positive")
+            if not MIN_BUSBW_GB_PER_S <= y <= MAX_BUSBW_GB_PER_S:
+                raise f.error(
+                    f"busbw_gb_per_s[{i}]",
+                    f"is not a realistic bus bandwidth: {y:g} GB/s is outside {MIN_BUSBW_GB_PER_S:g} to "
+                    f"{MAX_BUSBW_GB_PER_S:g} GB/s",
+                    "give the nccl-tests busbw in GB/s",
+                )
         if f.choice("scope", SCOPES) == "network":
             # Measurement rows may be network-scoped (the importers label them), a table's curves may not: the cost
             # model never looks one up, and a curve accepted but unread would leave the answer silently unchanged.
@@ -251,7 +285,7 @@ class BandwidthCurve:
             source=f.text("source", ""),
             reference_bandwidth_bytes_per_s=f.scaled(
                 "reference_bandwidth_gb_per_s",
-                f.number("reference_bandwidth_gb_per_s", 0.0, minimum=0.0),
+                _bandwidth_or_zero(f, "reference_bandwidth_gb_per_s"),
                 GB,
                 "give the per-GPU NVLink bandwidth the curve was measured on in GB/s",
             ),
@@ -360,10 +394,11 @@ class CalibrationTable:
             # At most a second per operator: kernel launches take microseconds; 1e20 µs made a step of 1e18 s.
             launch_overhead_s=_us(f.number("launch_overhead_us", None, minimum=0.0, maximum=1e6)),
             # Sustained over burst speed: a GPU kept busy cannot beat its burst speed (above 1, a GEMM could pass peak).
-            sustained_gemm_ratio=f.number("sustained_gemm_ratio", None, positive=True, maximum=1.0),
+            # Below a tenth, a GPU is broken rather than throttled (H100's sustained GEMMs run at 0.8-0.95 of burst).
+            sustained_gemm_ratio=f.number("sustained_gemm_ratio", None, minimum=0.1, maximum=1.0),
             measured_nvlink_bandwidth_bytes_per_s=f.scaled(
                 "measured_nvlink_bandwidth_gb_per_s",
-                f.number("measured_nvlink_bandwidth_gb_per_s", None, positive=True),
+                _bandwidth_or_zero(f, "measured_nvlink_bandwidth_gb_per_s", None),
                 GB,
                 "give the NVLink bandwidth per GPU and direction of the measured system in GB/s (450 for DGX H100)",
             ),

@@ -15,7 +15,13 @@ from typing import Any
 
 from simulator.errors import SpecError
 from simulator.specs._fields import Fields, check_choices, check_positive, check_ranges, check_scalar_types
-from simulator.specs.calibration import MEMORY_CLASSES, CalibrationTable, EfficiencyCurve
+from simulator.specs.calibration import (
+    MAX_BUSBW_GB_PER_S,
+    MEMORY_CLASSES,
+    MIN_BUSBW_GB_PER_S,
+    CalibrationTable,
+    EfficiencyCurve,
+)
 from simulator.units import GB, GBIT, GIB, TFLOP, US
 
 __all__ = ["MAX_LATENCY_S", "PRECISIONS", "TOPOLOGIES", "ClusterSpec", "DeviceSpec"]
@@ -46,7 +52,7 @@ PLAUSIBLE: dict[str, tuple[float, float, float, str]] = {
     "peak_tflops": (1e-6, 1e6, TFLOP, "TFLOP/s"),
     "hbm_gib": (1e-3, 1e6, GIB, "GiB"),
     "hbm_bandwidth_gb_per_s": (1e-3, 1e6, GB, "GB/s"),
-    "nvlink_bandwidth_gb_per_s": (1e-3, 1e6, GB, "GB/s"),
+    "nvlink_bandwidth_gb_per_s": (MIN_BUSBW_GB_PER_S, MAX_BUSBW_GB_PER_S, GB, "GB/s"),
     "nic_bandwidth_gbit_per_s": (8e-3, 8e6, GBIT, "Gb/s"),
 }
 

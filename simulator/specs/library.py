@@ -23,11 +23,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from simulator.errors import SpecError
 from simulator.specs._fields import did_you_mean
-from simulator.specs._yaml import load_yaml_file
+from simulator.specs._yaml import load_yaml_file, load_yaml_text
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec, DeviceSpec
 from simulator.specs.hf import load_hf_config
@@ -382,9 +380,11 @@ def parse_overrides(settings: list[str] | tuple[str, ...]) -> dict[str, dict[str
             hint = did_you_mean(scope, ("model", "cluster", "device", "plan"))
             raise SpecError(f"--set {item}", f"unknown scope {scope!r}{hint}", "use model., cluster., device. or plan.")
         try:
-            parsed = yaml.safe_load(value) if value.strip() else None
-        except yaml.YAMLError:
-            parsed = value
+            parsed = load_yaml_text(value, f"--set {key.strip()}") if value.strip() else None
+        except SpecError as err:
+            if "not valid YAML" not in err.what:
+                raise  # a value no tag can build, or nested too deeply: said as such, not passed on as text
+            parsed = value  # not YAML syntax: the text itself, which the spec then judges
         given = out.setdefault(scope, {})
         if name in given and given[name] != parsed:
             # The last one used to win silently, unlike a flag and a --set that disagree.

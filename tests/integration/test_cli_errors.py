@@ -59,15 +59,54 @@ CASES = [
         "cal2.yaml",
         "name: t\ndevice: d\ncompute:\n  - op: gemm\n    precision: bf16\n    log10_size: [8, 9]\n"
         "    efficiency: [0.5, 1.6]\n",
-        ["compute[0].efficiency[1]", "(0, 1]"],
+        ["compute[0].efficiency[1]", "[1e-06, 1]"],
     ),
     # Found by adversarial testing: each was a Python traceback (TypeError, RecursionError, AttributeError).
     ("complexkey.yaml", GOOD_MODEL + "? [a, b]\n: 2\n", ["complexkey.yaml: line 7", "a key is a list"]),
     ("deep.yaml", "name: " + "[" * 5000 + "]" * 5000 + "\n", ["deep.yaml", "nested too deeply"]),
     ("intkey.yaml", GOOD_MODEL + "1: 2\n", ["intkey.yaml: 1", "unknown key"]),
+    # Found by fuzzing: a scalar its tag cannot build (an impossible date, an integer past Python's 4,300-digit
+    # limit) was a ValueError traceback; a calibration table at denormal bandwidth or efficiency a NaN step, exit 0.
+    ("date.yaml", GOOD_MODEL + "seq_len: 2001-13-45\n", ["date.yaml", "holds a value YAML cannot read"]),
+    ("bigint.yaml", GOOD_MODEL + "seq_len: " + "9" * 5000 + "\n", ["bigint.yaml", "more than 4,300 digits"]),
+    (
+        "cal_busbw.yaml",
+        "name: t\ndevice: d\ncollectives:\n  - {collective: all_reduce, scope: domain, ranks: 8, log2_bytes: [20], "
+        "busbw_gb_per_s: [1.0e-310]}\n",
+        ["collectives[0].busbw_gb_per_s[0]", "not a realistic bus bandwidth"],
+    ),
+    (
+        "cal_eff.yaml",
+        "name: t\ndevice: d\ncompute:\n  - {op: gemm, precision: bf16, log10_size: [8], efficiency: [1.0e-300]}\n",
+        ["compute[0].efficiency[0]", "must be in [1e-06, 1]"],
+    ),
+    ("cal_sus.yaml", "name: t\ndevice: d\nsustained_gemm_ratio: 5.0e-324\n", ["sustained_gemm_ratio", ">= 0.1"]),
+    (
+        "cal_nvl.yaml",
+        "name: t\ndevice: d\nmeasured_nvlink_bandwidth_gb_per_s: 1.0e+299\n",
+        ["measured_nvlink_bandwidth_gb_per_s", "not a realistic figure"],
+    ),
     ("hf.json", '{"model_type": "t5", "d_model": 512}', ["hf.json: model_type", "unsupported model_type 't5'"]),
     ("bad.json", '{"model_type": "llama",', ["bad.json", "not valid JSON"]),
 ]
+
+
+def test_integers_read_as_yaml_1_2_does(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML's default) read a leading zero as octal and colons as base 60: `layers: 010` was 8 and
+    `--set plan.global_batch=010` 8 while `--global-batch 010` is 10. Found by fuzzing."""
+    from simulator.specs._yaml import load_yaml_text
+    from simulator.specs.library import parse_overrides
+
+    assert load_yaml_text("a: 010\nb: 0x10\nc: 0o10\nd: 1_000\ne: -07\nf: 1:30\ng: 1.5\n", "t") == {
+        "a": 10,
+        "b": 16,
+        "c": 8,
+        "d": 1000,
+        "e": -7,
+        "f": "1:30",
+        "g": 1.5,
+    }
+    assert parse_overrides(["plan.global_batch=010"]) == {"plan": {"global_batch": 10}}
 
 
 def _check_message(err: str, fragments: list[str]) -> None:
@@ -165,6 +204,13 @@ ARG_CASES = [
     ([*SIM, "--set", "clustr.nics_per_node=4"], ["--set clustr.nics_per_node=4", "unknown scope 'clustr'"]),
     ([*SIM, "--set", "nics=4"], ["--set nics=4", "scope.key=value"]),
     ([*SIM, "--set", "device.hbm_bandwidth_gb_per_s=fast"], ["hbm_bandwidth_gb_per_s", "must be a number"]),
+    # Found by fuzzing: each was a traceback (ValueError, AttributeError, RecursionError) from the YAML reader.
+    ([*SIM, "--set", "model.seq_len=2001-13-45"], ["--set model.seq_len", "YAML cannot read (month must be"]),
+    ([*SIM, "--set", "model.seq_len=!!int abc"], ["--set model.seq_len", "YAML cannot read"]),
+    ([*SIM, "--set", "model.seq_len=!!timestamp x"], ["--set model.seq_len", "YAML cannot read"]),
+    ([*SIM, "--set", "model.layers=" + "9" * 5000], ["--set model.layers", "more than 4,300 digits"]),
+    ([*SIM, "--set", "model.layers=" + "[" * 1000], ["--set model.layers", "nested too deeply"]),
+    ([*SIM, "--set", "model.seq_len=1:30"], ["seq_len", "'1:30'"]),
     (["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--tp", "8"], ["--global-batch", "required"]),
     (
         ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--gpus", "0", "--global-batch", "8"],

@@ -236,7 +236,9 @@ def _cmd_import_nccl(args: argparse.Namespace) -> int:
                     f"{path}: a vTrain table times all-reduce only, but --collective is {collective}; "
                     "leave out --collective for vTrain tables"
                 )
-            rows += import_vtrain_table(path, device=args.device or "A100-SXM4-80GB", ranks=args.ranks, notes=notes)
+            rows += import_vtrain_table(
+                path, device=args.device or "A100-SXM4-80GB", ranks=args.ranks, scope=args.scope, notes=notes
+            )
         else:
             rows += import_nccl_tests(
                 path, collective=collective, device=args.device or "", ranks=args.ranks, scope=args.scope, notes=notes
@@ -545,7 +547,9 @@ def add_calibrate_parser(sub: Any) -> None:
     iv = cal_sub.add_parser("import-vidur", help="Vidur profiles (mlp.csv, network CSVs or a profiling folder)")
     iv.add_argument("paths", nargs="+", type=Path)
     iv.add_argument(
-        "--device", help="device name for the rows (default: from the folder, a100/h100; a folder of one GPU only)"
+        "--device",
+        help="device name for the rows (default: from Vidur's folder names a100, h100, a100_dgx, h100_dgx; needed "
+        "for files in other folders; a folder of one GPU only)",
     )
     iv.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
     iv.set_defaults(func=_cmd_import_vidur)

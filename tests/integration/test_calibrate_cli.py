@@ -176,3 +176,17 @@ def test_collectives_and_ddp_on_two_processes(tmp_path: Path, capsys: pytest.Cap
     result = json.loads(out)
     assert any(r["configuration"]["ranks"] == 2 for r in result["rows"])
     assert result["median_abs_error"] <= 0.2
+
+
+def test_import_nccl_tests_scope_applies_to_vtrain_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`import-nccl-tests <vTrain table> --scope network` wrote every row as domain: the scope was never passed to the
+    vTrain reader, which wrote domain whatever was asked. Found by a review of the calibration workflow."""
+    out = tmp_path / "nccl.csv"
+    vtrain = DATA / "vtrain" / "a100_all_reduce_4gpu.txt"
+    code, _, err = run(["calibrate", "import-nccl-tests", str(vtrain), "--scope", "network", "--out", str(out)], capsys)
+    assert code == 0, err
+    scopes = {line.split(",")[10] for line in out.read_text().splitlines()[1:]}
+    assert scopes == {"network"}
+    code, _, err = run(["calibrate", "import-nccl-tests", str(vtrain), "--out", str(out)], capsys)
+    assert code == 0, err
+    assert {line.split(",")[10] for line in out.read_text().splitlines()[1:]} == {"domain"}

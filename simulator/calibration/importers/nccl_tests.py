@@ -1,10 +1,14 @@
 """Import NCCL collective timings from nccl-tests output (NVIDIA/nccl-tests) and from vTrain's tables.
 
 * Standard nccl-tests stdout: a ``#``-commented header (``# nThread 1 nGpus 8 ...``, one ``#  Rank`` line per
-  rank naming its host and device, ``# Collective test starting: all_reduce_perf`` in recent versions) and
-  one data line per size with ``size count type redop root`` followed by the out-of-place and in-place
-  ``time algbw busbw #wrong`` columns; times in **microseconds** (nccl-tests ``README.md``,
-  ``doc/PERFORMANCE.md``). The out-of-place time is used.
+  rank naming its host and device, ``# Collective test starting: all_reduce_perf`` in recent versions, and the
+  column header ``#  size  count  type  redop  root  time  algbw  busbw #wrong ...``) and one data line per size
+  with ``size count type redop root`` followed by the out-of-place and in-place ``time algbw busbw #wrong``
+  columns; times in **microseconds** (nccl-tests ``README.md``, ``doc/PERFORMANCE.md``). The out-of-place time
+  is used. Logs older than the root column (2.x before 2.10) have four fields before the times, not five; as
+  nccl-tests prints a time of 10 ms or more as a whole number (``%7.0f``), the fields themselves do not tell the
+  two apart, so the column header does (the fields before ``time``), else the length of a whole data line (12
+  fields without the root column, 13 with it).
 * vTrain's ``trace/a100/a100_all_reduce_<n>gpu.txt`` (VIA-Research/vTrain, MIT): CSV with columns
   ``size(B),count,type,time(ns),busbw(GB/s),time(ns),busbw(GB/s)``; times in **nanoseconds**, n GPUs of one
   node from the file name. Check: 1 GiB on 8 A100s takes 8.2 ms, a bus bandwidth of 229 GB/s.
@@ -123,6 +127,9 @@ def import_nccl_tests(
                 run.rank_lines += 1
                 run.hosts.add(m.group(1))
                 run.gpu_name = m.group(2).strip()
+            columns = stripped.lstrip("#").split()
+            if columns and columns[0] in ("size", "bytes") and "time" in columns:
+                run.leading = columns.index("time")  # the column header: the fields before the out-of-place time
             m = re.search(r"Collective test starting:\s*(\S+)", stripped)
             if m:
                 if run.data or run.rank_lines:  # the next test of the log: its own run
@@ -131,7 +138,9 @@ def import_nccl_tests(
                 run.detected = _collective_from(m.group(1))
             continue
         tokens = stripped.split()
-        if len(tokens) >= 8 and re.fullmatch(r"[-+]?\d+", tokens[0]):
+        # Any line that starts with a size is a data line, also one cut short (a run killed while printing it):
+        # _run_rows refuses it rather than dropping it without a word.
+        if re.fullmatch(r"[-+]?\d+", tokens[0]):
             run.data.append((lineno, tokens))
     if not any(r.data for r in runs) and not utf8:
         raise not_utf8_error(path, raw, "nccl-tests output")
@@ -189,7 +198,18 @@ class _Run:
     hosts: set[str] = field(default_factory=set)
     gpu_name: str = ""
     detected: str | None = None
+    leading: int | None = None  # fields before the out-of-place time, from the column header
     data: list[tuple[int, list[str]]] = field(default_factory=list)
+
+    def fields_before_time(self) -> int | None:
+        """The fields before the out-of-place time: ``size count type redop root`` (5) or, older than the root
+        column, ``size count type redop`` (4). The column header says; without one, a whole data line: 13 or 12
+        fields with the in-place columns, 9 or 8 without (nccl-tests before 2.0 printed the out-of-place ones only).
+        None when neither tells (no header, every line cut short)."""
+        if self.leading is not None:
+            return self.leading
+        longest = max((len(tokens) for _, tokens in self.data), default=0)
+        return {13: 5, 12: 4, 9: 5, 8: 4}.get(longest)
 
 
 def _run_rows(
@@ -206,13 +226,21 @@ def _run_rows(
     out-of-place result nccl-tests found wrong to ``wrong``)."""
     n = ranks or run.rank_lines or run.n_gpus * run.n_threads
     scope = scope or ("network" if len(run.hosts) > 1 else "domain")
+    # Read from the front: size count type redop [root] time algbw busbw #wrong, out of place, then the same four in
+    # place (reading from the end found the in-place time). Whether the root column is there is the run's layout
+    # (module docstring): a whole-number fifth field is no sign of it, as times of 10 ms and more print as whole
+    # numbers.
+    at = run.fields_before_time()
     rows = []
     for lineno, tokens in run.data:
         size = float(tokens[0])
-        # Read from the front: size count type redop [root] time algbw busbw #wrong, out of place, then the same four
-        # in place. nccl-tests prints the root as an integer and times with a decimal point; logs older than the
-        # root column (2.x before 2.10) have none, and reading from the end found their in-place time.
-        at = 5 if len(tokens) > 5 and re.fullmatch(r"-?\d+", tokens[4]) else 4
+        if at is None:
+            raise CalibrationError(
+                f"{path}: line {lineno}: cannot read a time in microseconds: this run has no column header (# size "
+                "count type redop root time ...) and no whole data line to tell whether the root column is there "
+                f"(line {' '.join(tokens)!r}, cut off?); keep the header lines of the nccl-tests output, or fix or "
+                "remove the line"
+            )
         trailing = tokens[at : at + 4]
         try:
             time_us = float(trailing[0]) if len(trailing) == 4 else math.nan
@@ -251,9 +279,15 @@ def _run_rows(
 
 
 def import_vtrain_table(
-    path: Path, *, device: str = "A100-SXM4-80GB", ranks: int | None = None, notes: list[str] | None = None
+    path: Path,
+    *,
+    device: str = "A100-SXM4-80GB",
+    ranks: int | None = None,
+    scope: str | None = None,
+    notes: list[str] | None = None,
 ) -> list[Measurement]:
-    """Rows from a vTrain ``a100_all_reduce_<n>gpu.txt`` table (one node, NVSwitch).
+    """Rows from a vTrain ``a100_all_reduce_<n>gpu.txt`` table (one node, NVSwitch: scope ``domain`` unless
+    ``scope`` says otherwise).
 
     Lines with fewer than four cells or a zero or negative size or time are dropped; ``notes`` (when given)
     gets a line saying how many and which.
@@ -307,7 +341,7 @@ def import_vtrain_table(
                 precision=rec[2],
                 bytes=size,
                 ranks=n,
-                scope="domain",
+                scope=scope or "domain",
                 time_s=time_ns * 1e-9,
                 device=device,
                 source=f"VIA-Research/vTrain trace/a100/{path.name}",

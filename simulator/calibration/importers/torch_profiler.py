@@ -12,7 +12,11 @@ attention work. Kernels under an unread operator inside a GEMM or memory-bound o
 ``aten::linear``) are not charged to it. Durations (``dur``) are microseconds (Trace Event
 Format). On a CPU-only trace there are no kernels, and a recognised operator's own duration is used,
 except for one that holds another of its kind (``aten::linear`` around ``aten::addmm``, ``aten::layer_norm`` around
-``aten::native_layer_norm``): the inner one is the measurement, the outer one the same work plus dispatch.
+``aten::native_layer_norm``): the inner one is the measurement, the outer one the same work plus dispatch. An
+operator inside one of another kind that is counted (the bias ``aten::copy_`` inside ``aten::addmm``, a backward
+``aten::mm``'s ``aten::clone``/``aten::copy_``) is part of that one's duration and no row of its own. An operator
+on empty tensors (an MoE expert that received no tokens multiplies a 0×h matrix) has no FLOPs or bytes to fit and
+is left out.
 
 Recognised operators: ``aten::mm``/``addmm``/``bmm``/``linear``/``matmul`` (GEMM), scaled-dot-product
 attention forward and backward of the flash (FlashAttention-2), cuDNN and CPU backends (attention, named for
@@ -298,18 +302,20 @@ def import_torch_trace(
             owner = min(recognised, key=lambda o: o["dur"])  # innermost recognised operator
             op_time[id(owner)] += float(kern["dur"])
     if not kernels:
-        # CPU-only trace: a recognised operator's own duration is its time, unless it holds one of its own kind.
+        # CPU-only trace: a recognised operator's own duration is its time, unless it holds one of its own kind
+        # (the inner one is the measurement) or sits inside a counted one (whose duration holds its time).
         outer = set()
         for op in ops:
             a = _recognised_ancestor(op, parent, shapes) if id(op) in shapes else None
             if a is not None and shapes[id(a)]["kind"] == shapes[id(op)]["kind"]:
                 outer.add(id(a))
+        counted = {id(op) for op in ops if id(op) in shapes and id(op) not in outer}
         for op in ops:
-            if id(op) in shapes and id(op) not in outer:
+            if id(op) in counted and not _inside_counted(op, parent, counted):
                 op_time[id(op)] += float(op["dur"])
     groups: dict[tuple[Any, ...], list[float]] = defaultdict(list)
     info: dict[tuple[Any, ...], dict[str, Any]] = {}
-    zero_time = 0
+    zero_time = empty = 0
     for op in ops:
         t = op_time.get(id(op))
         if t is None:
@@ -318,6 +324,9 @@ def import_torch_trace(
             zero_time += 1
             continue
         c = shapes[id(op)]
+        if not (c.get("flops", 1.0) > 0 and c["bytes"] > 0):
+            empty += 1  # a GEMM or attention without FLOPs, a memory operator without bytes (rows.check_fittable)
+            continue
         row_op = str(c.get("op", op["name"]))  # attention rows are named for their kernel's curve
         key = (row_op, c["kind"], c.get("m", 0), c.get("n", 0), c.get("k", 0), c.get("batch", 1), c["bytes"])
         groups[key].append(t * 1e-6)
@@ -373,6 +382,11 @@ def import_torch_trace(
             )
         if zero_time:
             notes.append(f"{path}: skipped {zero_time} recognised operator(s) timed at zero duration")
+        if empty:
+            notes.append(
+                f"{path}: skipped {empty} recognised operator(s) on empty tensors (no FLOPs or bytes to fit: an MoE "
+                "expert that received no tokens, say)"
+            )
         if unnamed_comms:
             notes.append(f"{path}: skipped {unnamed_comms} NCCL kernel(s) whose name says no known collective")
         if assumed:
@@ -432,6 +446,16 @@ def _recognised_ancestor(
     while up is not None and id(up) not in shapes:
         up = parent.get(id(up))
     return up
+
+
+def _inside_counted(op: dict[str, Any], parent: dict[int, dict[str, Any]], counted: set[int]) -> bool:
+    """Whether an operator around ``op`` is counted (its duration already holds ``op``'s time)."""
+    up = parent.get(id(op))
+    while up is not None:
+        if id(up) in counted:
+            return True
+        up = parent.get(id(up))
+    return False
 
 
 def _comm_scope(given: str, members: tuple[int, ...], host_gpus: int) -> tuple[str, str]:

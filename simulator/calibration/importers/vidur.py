@@ -14,7 +14,9 @@ What the files are, read from Vidur's profiling code (``vidur/profiling/mlp/mlp_
   ``devices_per_node`` < ``num_workers`` means the group spans nodes (scope ``network``).
 
 Vidur's ``a100`` SKU is the 80 GB part (``A100DeviceSKUConfig.total_memory_gb = 80``), its ``h100`` the
-80 GB SXM part; they map to our devices ``A100-SXM4-80GB`` and ``H100-SXM5-80GB``.
+80 GB SXM part; they map to our devices ``A100-SXM4-80GB`` and ``H100-SXM5-80GB``. The GPU is read off the
+folder (``compute/<gpu>/``, ``network/<node>/``) only where it is one of those names (:data:`DEVICES`); a file
+anywhere else needs the caller to name the device.
 """
 
 from __future__ import annotations
@@ -109,6 +111,21 @@ def _read(path: Path, what: str) -> pd.DataFrame:
         raise CalibrationError(f"{path}: cannot read as CSV ({err}); give {what}") from None
 
 
+def _device(path: Path, folder: str, device: str | None) -> str:
+    """``device`` where given, else the device Vidur's ``folder`` name stands for; a CalibrationError for a folder
+    that is not one of Vidur's (a copy under my_run/ had been imported as device 'my_run', which fit then took for
+    any device's)."""
+    if device:
+        return device
+    if folder in DEVICES:
+        return DEVICES[folder]
+    names = ", ".join(sorted(DEVICES))
+    raise CalibrationError(
+        f"{path}: cannot tell the GPU from the folder name {folder!r} (Vidur names its folders {names}); pass "
+        "--device with the GPU the file was measured on, e.g. --device A100-SXM4-80GB"
+    )
+
+
 def _stat(row: pd.Series, op: str, stat: str) -> float:
     """``time_stats.<op>.<stat>`` in seconds, NaN where the column is absent or the cell empty."""
     value = row.get(f"time_stats.{op}.{stat}")
@@ -168,7 +185,7 @@ def import_vidur_compute(path: Path, device: str | None = None, notes: list[str]
         )
     _numbers(df, path, [c for c in df.columns if c.startswith("time_stats.")], required=False)
     gpu = path.parent.parent.name
-    device = device or DEVICES.get(gpu, gpu)
+    device = _device(path, gpu, device)
     ops = sorted({c.split(".")[1] for c in df.columns if c.startswith("time_stats.") and c.endswith(".median")})
     source = f"microsoft/vidur data/profiling/compute/{gpu}/{path.parent.name}/mlp.csv"
     rows: list[Measurement] = []
@@ -235,7 +252,7 @@ def import_vidur_network(path: Path, device: str | None = None, notes: list[str]
                 f"accept ({', '.join(COLLECTIVES)}); fix the cell or remove the line"
             )
     node = path.parent.name
-    device = device or DEVICES.get(node, node)
+    device = _device(path, node, device)
     source = f"microsoft/vidur data/profiling/network/{node}/{path.name}"
     rows: list[Measurement] = []
     empty: list[str] = []
@@ -286,5 +303,8 @@ def import_vidur_tree(root: Path, device: str | None = None, notes: list[str] | 
     for path in network:
         rows += import_vidur_network(path, device, notes=notes)
     if not rows:
-        raise CalibrationError(f"{root}: no Vidur profiles found (expected compute/<gpu>/<model>/mlp.csv)")
+        raise CalibrationError(
+            f"{root}: no Vidur profiles found (expected compute/<gpu>/<model>/mlp.csv or network/<node>/*.csv under "
+            "it); give Vidur's profiling folder, which holds compute/ and network/, or the CSV files themselves"
+        )
     return rows

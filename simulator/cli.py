@@ -988,14 +988,19 @@ _INPUT_OPTIONS = ("model", "cluster", "plan", "stacks", "paths")  # validate's C
 def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
     """Refuse an output that is one of the command's input files, or two outputs that are one file: the model YAML
     given as --trace was replaced by the trace, an nccl-tests file given as --out by the rows read from it, and a
-    --device-out equal to --out left only the device where the table had been reported written."""
+    --device-out equal to --out left only the device where the table had been reported written. A command that reads
+    folders says which files it reads in one (``reads``, a default of its parser): `calibrate fit prof --device-out
+    prof/kernels.csv` had replaced the profile's measurements."""
     outputs = [(flag, Path(getattr(args, key))) for key, flag in _OUTPUT_OPTIONS.items() if getattr(args, key, None)]
+    reads = getattr(args, "reads", None)
     inputs: list[Path] = []
     for key in _INPUT_OPTIONS:
         value = getattr(args, key, None)
         for item in value if isinstance(value, list | tuple) else [value]:
             if item is not None and Path(item).is_file():
                 inputs.append(Path(item))
+            elif item is not None and reads is not None and Path(item).is_dir():
+                inputs += reads(Path(item))
     for i, (flag, out) in enumerate(outputs):
         for other_flag, other in outputs[i + 1 :]:
             if out.resolve() == other.resolve():

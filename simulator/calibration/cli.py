@@ -94,6 +94,32 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _holdout(text: str) -> int:
+    """An argparse type: 0 (no held-out report) or every how many shapes to leave out, 2 or more (1 would leave
+    every shape out and nothing to fit)."""
+    value = _whole_number(text, 0)
+    if value == 1:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (no held-out report) or a whole number >= 2, got {text!r}: 1 would leave every shape out "
+            "of the fit"
+        )
+    return value
+
+
+def _fit_reads(folder: Path) -> list[Path]:
+    """The files ``fit`` reads inside ``folder``: its measurement CSVs, and a profile's manifest and failures
+    (missing_shapes), which an output must not replace."""
+    from simulator.calibration.profile import FAILURES, MANIFEST
+    from simulator.calibration.rows import measurement_files
+
+    return [*measurement_files([folder]), *(f for f in (folder / MANIFEST, folder / FAILURES) if f.is_file())]
+
+
+def _vidur_reads(folder: Path) -> list[Path]:
+    """The files ``import-vidur`` reads inside a Vidur profiling ``folder``."""
+    return sorted([*folder.glob("compute/*/*/mlp.csv"), *folder.glob("network/*/*.csv")])
+
+
 def _whole(minimum: int) -> Any:
     """An argparse type: a whole number >= ``minimum`` (a repeat count of 0 or a negative length is bad input,
     not a run that measures nothing or crashes later)."""
@@ -287,6 +313,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         ranks=args.ranks,
         only_device=tuple(args.only_device),
     )
+    for note in result.notes:
+        _say(f"note: {note}")
     write_table(result.table, args.out, "fitted by clustersim calibrate fit")
     if args.device_out is not None:
         write_yaml(device_mapping(result.device), args.device_out, "measured by clustersim calibrate fit")
@@ -552,7 +580,7 @@ def add_calibrate_parser(sub: Any) -> None:
         "for files in other folders; a folder of one GPU only)",
     )
     iv.add_argument("--out", type=Path, required=True, help="measurement CSV to write")
-    iv.set_defaults(func=_cmd_import_vidur)
+    iv.set_defaults(func=_cmd_import_vidur, reads=_vidur_reads)
 
     inc = cal_sub.add_parser("import-nccl-tests", help="nccl-tests output or vTrain all-reduce tables")
     inc.add_argument("paths", nargs="+", type=Path)
@@ -595,9 +623,16 @@ def add_calibrate_parser(sub: Any) -> None:
     )
     fit.add_argument("--name", help="table name (default: the file name)")
     fit.add_argument("--ranks", type=_whole(1), default=1, help="ranks sharing the host's memory (derived device only)")
-    fit.add_argument("--holdout", type=_whole(0), default=5, help="leave every Nth shape out for the residual report")
+    fit.add_argument(
+        "--holdout",
+        type=_holdout,
+        default=5,
+        metavar="N",
+        help="leave every Nth shape out of a second fit and report how well it predicts them (default 5, N >= 2; "
+        "0 skips the report)",
+    )
     fit.add_argument("--format", choices=("table", "json"), default="table")
-    fit.set_defaults(func=_cmd_fit)
+    fit.set_defaults(func=_cmd_fit, reads=_fit_reads)
 
     chk = cal_sub.add_parser("check", help="train a small real GPT, predict it, compare")
     device_opts(chk)

@@ -5,7 +5,9 @@ and attention, ``bytes / (time · HBM bandwidth)`` for memory-bound kernels; row
 their size (``bins_per_decade`` bins per decade) and each bin contributes the *median* efficiency at the
 median size of its rows. Medians make the table robust to the outliers every profile has (a kernel that
 caught a clock dip, a shape with an unlucky tiling) without smoothing away real steps. Bins with fewer
-than three rows are dropped when better-populated bins exist. Efficiencies are clipped to (0, 1].
+than three rows are dropped when better-populated bins exist; the curve there follows the better-measured
+sizes, not those rows, so a note says how many each curve left out. Efficiencies are clipped to (0, 1]. A
+curve of one point (rows of one size) is applied flat to every size, and a note says so too.
 
 With ``generic_memory="all"`` (public profiles, forward passes mostly) memory rows feed the curve of their
 class (norm, activation...) and the generic ``memory`` curve. With ``"unclassified"`` (our own profiles,
@@ -141,19 +143,32 @@ def _peak_precision(precision: str) -> str:
     return {"fp32": "tf32"}.get(precision, precision or "bf16")
 
 
-def _binned(
-    points: list[tuple[float, float]], per_unit: float, log: Any, min_rows: int = MIN_BIN_ROWS
-) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
-    """(log size, median value, rows) of each bin of ``per_unit`` bins per unit of ``log`` size."""
+def _bins(points: list[tuple[float, float]], per_unit: float, log: Any) -> dict[int, list[tuple[float, float]]]:
+    """The usable points (size and value > 0) by bin of ``per_unit`` bins per unit of ``log`` size."""
     bins: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for size, value in points:
         if size > 0 and value > 0 and math.isfinite(value):
             x = log(size)
             bins[math.floor(x * per_unit)].append((x, value))
+    return bins
+
+
+def _sparse(bins: dict[int, list[tuple[float, float]]], min_rows: int) -> dict[int, list[tuple[float, float]]]:
+    """The bins :func:`_binned` drops: those of fewer than ``min_rows`` rows, where any bin has that many."""
+    if not any(len(v) >= min_rows for v in bins.values()):
+        return {}
+    return {k: v for k, v in bins.items() if len(v) < min_rows}
+
+
+def _binned(
+    points: list[tuple[float, float]], per_unit: float, log: Any, min_rows: int = MIN_BIN_ROWS
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[int, ...]]:
+    """(log size, median value, rows) of each bin of ``per_unit`` bins per unit of ``log`` size."""
+    bins = _bins(points, per_unit, log)
     if not bins:
         return (), (), ()
-    populated = {k: v for k, v in bins.items() if len(v) >= min_rows}
-    use = populated or bins
+    sparse = _sparse(bins, min_rows)
+    use = {k: v for k, v in bins.items() if k not in sparse}
     xs: list[float] = []
     ys: list[float] = []
     counts: list[int] = []
@@ -237,12 +252,14 @@ def fit_table(
     bins_per_decade: int = 4,
     min_bin_rows: int = MIN_BIN_ROWS,
     generic_memory: str = "all",
+    notes: list[str] | None = None,
 ) -> CalibrationTable:
     """A calibration table for ``device`` from measurement ``rows``.
 
     ``min_bin_rows`` drops sparser bins where better-populated ones exist (1 keeps every bin: right for
     our own profiles, which time each shape once with many repeats); ``generic_memory`` says which memory
-    rows feed the generic ``memory`` curve (module docstring).
+    rows feed the generic ``memory`` curve (module docstring). ``notes`` (when given) gets a line for each
+    curve that left rows out in sparse bins and for each curve of one point.
 
     Raises
     ------
@@ -283,6 +300,10 @@ def fit_table(
     derived = _default_kernel_from_fa2(compute)
     curves: list[EfficiencyCurve] = []
     for (kind, precision), points in sorted(compute.items()):
+        if notes is not None and (kind, precision) not in derived:  # a derived curve repeats its source's notes
+            unit = "bytes" if precision == "any" else "FLOPs"
+            label = kind if precision == "any" else f"{kind}:{precision}"
+            notes += _bin_notes(label, points, bins_per_decade, math.log10, min_bin_rows, unit)
         xs, ys, rows_per_bin = _binned(points, bins_per_decade, math.log10, min_bin_rows)
         ys = monotone_time(xs, tuple(min(max(y, 1e-4), 1.0) for y in ys), 10.0, rows_per_bin)
         if xs:
@@ -298,6 +319,8 @@ def fit_table(
             )
     bands: list[BandwidthCurve] = []
     for (op, scope, ranks), points in sorted(colls.items()):
+        if notes is not None:
+            notes += _bin_notes(f"{op}:{ranks}", points, 2, math.log2, min_bin_rows, "bytes")
         xs, ys, rows_per_bin = _binned(points, 2, math.log2, min_bin_rows)
         ys = monotone_time(xs, ys, 2.0, rows_per_bin)
         if xs:
@@ -327,6 +350,43 @@ def fit_table(
         provenance=tuple(provenance),
         source=source,
     )
+
+
+def _bin_notes(
+    label: str, points: list[tuple[float, float]], per_unit: float, log: Any, min_rows: int, unit: str
+) -> list[str]:
+    """What a curve's fit does not say by itself: rows it left out in sparse bins (:func:`_binned`), or that it
+    is one point, applied flat to every size."""
+    bins = _bins(points, per_unit, log)
+    sparse = _sparse(bins, min_rows)
+    out: list[str] = []
+    if sparse:
+        left = [size for size, value in points if size > 0 and value > 0 and math.isfinite(value)]
+        dropped = [x for v in sparse.values() for x, _ in v]
+        bins_said = "1 size bin" if len(sparse) == 1 else f"{len(sparse)} size bins"
+        out.append(
+            f"{label}: left out {len(dropped)} of {len(left)} rows, in {bins_said} of fewer than {min_rows} rows "
+            f"({_sizes(dropped, log, unit)}) beside better-populated ones: the curve there follows its neighbours, "
+            "not these rows (a median of one or two rows measures no size); measure more shapes of those sizes to "
+            "fit them"
+        )
+    kept = [v for k, v in bins.items() if k not in sparse]
+    if len(kept) == 1:
+        (pts,) = kept
+        xs = [x for x, _ in pts]
+        sizes = f"one size ({_sizes(xs, log, unit)})" if min(xs) == max(xs) else f"sizes {_sizes(xs, log, unit)}"
+        out.append(
+            f"{label}: one point, from {len(pts)} row{'' if len(pts) == 1 else 's'} of {sizes}: the table applies "
+            "its efficiency to every size; give rows of more sizes for a curve that follows size"
+        )
+    return out
+
+
+def _sizes(xs: Sequence[float], log: Any, unit: str) -> str:
+    """The range of sizes whose logs are ``xs`` (``4.19e+06 FLOPs``, ``1e+07 to 1.1e+08 FLOPs``)."""
+    base = 10.0 if log is math.log10 else 2.0
+    lo, hi = base ** min(xs), base ** max(xs)
+    return f"{lo:.3g} {unit}" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g} to {hi:.3g} {unit}"
 
 
 def _sustained_ratio(burst: Sequence[float], sustained: Sequence[float]) -> float | None:
@@ -382,13 +442,31 @@ def predict_time(row: Measurement, table: CalibrationTable, device: DeviceSpec) 
     return row.flops / (peak * ccurve.at(row.flops, peak))
 
 
+def _residual_key(row: Measurement) -> str:
+    """The curve a held-out row is reported under (``gemm:fp16``, ``norm``, ``all_reduce:8``...)."""
+    if row.kind == "collective":
+        return f"{row.op}:{row.ranks}"
+    if row.kind == "memory":
+        return compute_class(row)
+    return f"{compute_class(row)}:{row.precision}"
+
+
 def holdout_errors(
-    rows: Sequence[Measurement], device: DeviceSpec, *, holdout_every: int = 5, name: str = "holdout", **fit: Any
+    rows: Sequence[Measurement],
+    device: DeviceSpec,
+    *,
+    holdout_every: int = 5,
+    name: str = "holdout",
+    notes: list[str] | None = None,
+    **fit: Any,
 ) -> dict[str, list[float]]:
     """Fit on about (1 − 1/holdout_every) of the rows (chosen by a hash of each shape) and predict the rest.
 
     Returns the signed relative errors (predicted / measured − 1) of the held-out rows, per curve
     (``gemm:fp16``, ``attention_bwd:bf16``, ``norm``, ``all_reduce:8``...). ``fit`` goes to :func:`fit_table`.
+    A curve whose every row falls among the held-out shapes would have nothing to fit (a tiny input failed with
+    'no usable measurements'; a backward GEMM class was reported against the forward curve): its rows stay in the
+    fit, unreported, and ``notes`` (when given) gets a line naming such curves.
     """
 
     def held_out(r: Measurement) -> bool:
@@ -396,22 +474,33 @@ def holdout_errors(
         key = f"{r.kind}|{r.op}|{r.m}|{r.n}|{r.k}|{r.batch}|{r.bytes}|{r.ranks}|{r.source}"
         return zlib.crc32(key.encode()) % holdout_every == 0
 
+    fitted: dict[str, list[bool]] = defaultdict(list)  # per curve, whether each of its rows is held out
+    for r in rows:
+        if r.kind != "overhead" and not _is_probe(r) and not unfitted_reason(r):
+            fitted[_residual_key(r)].append(held_out(r))
+    alone = sorted(key for key, held in fitted.items() if all(held))
+    if alone and notes is not None:
+        notes.append(
+            f"held-out residuals: every row of {', '.join(alone)} fell among the shapes left out (every "
+            f"{holdout_every}th), which would leave {'its curve' if len(alone) == 1 else 'their curves'} nothing to "
+            f"fit; those rows stay in the fit and get no residual"
+        )
+
+    def left_out(r: Measurement) -> bool:
+        return held_out(r) and _residual_key(r) not in alone
+
     usable = [r for r in rows if r.kind != "overhead" and not _is_probe(r)]
-    train = [r for r in rows if not held_out(r)]
-    test = [r for r in usable if held_out(r)]
+    train = [r for r in rows if not left_out(r)]
+    test = [r for r in usable if left_out(r)]
+    if not test:
+        return {}
     table = fit_table(train, device, name=name, **fit)
     errors: dict[str, list[float]] = defaultdict(list)
     for row in test:
         predicted = predict_time(row, table, device)
         if predicted is None:
             continue
-        if row.kind == "collective":
-            key = f"{row.op}:{row.ranks}"
-        elif row.kind == "memory":
-            key = compute_class(row)
-        else:
-            key = f"{compute_class(row)}:{row.precision}"
-        errors[key].append(predicted / row.time_s - 1.0)
+        errors[_residual_key(row)].append(predicted / row.time_s - 1.0)
     return dict(sorted(errors.items()))
 
 

@@ -18,7 +18,10 @@ into efficiency tables. Conventions:
   then after minutes of back-to-back load; their ratio is the table's ``sustained_gemm_ratio``.
 
 CSV files use a fixed column order and round-trip floats exactly (``repr``), so the same rows give the
-same bytes.
+same bytes. Reading them reads each file once (one named twice, or inside a folder also named, is read once) and
+counts a row that repeats another in every column once: a measurement is one row, with its provenance (the
+profiler's rows carry exact times, date and host; the importers' the line of the file they come from), so a
+second such row is a copy, not a second measurement.
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ from simulator.specs.calibration import COLLECTIVES, SCOPES
 __all__ = [
     "COLUMNS",
     "KINDS",
+    "MAX_ALGBW_BYTES_PER_S",
     "SUSTAINED_PROBES",
     "Measurement",
     "RowAppender",
     "input_file",
+    "measurement_files",
     "memory_class",
     "not_utf8_error",
     "read_rows",
@@ -54,6 +59,12 @@ MAX_RANKS = 1_000_000
 ROW_PRECISIONS = ("", "fp32", "tf32", "fp16", "bf16", "fp8")
 # The same GEMM timed in a short burst (as every kernel is profiled) and under sustained load (module docstring).
 SUSTAINED_PROBES = ("probe.gemm_burst", "probe.gemm_sustained")
+# The fastest rate any collective can show, in bytes of its message per second: NVLink 5 moves 900 GB/s per GPU and
+# direction (NVIDIA B200/GB200 datasheets, 1.8 TB/s bidirectional); an all-gather's algorithm bandwidth approaches
+# that, an all-reduce's half of it. Ten times the fabric is no measurement but a unit slip: times in a larger unit
+# read as a smaller one (microseconds in a column read as nanoseconds are a factor of 1,000 too short). The
+# opposite slip makes times too long, which no bound can tell from a slow fabric.
+MAX_ALGBW_BYTES_PER_S = 1e13
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,6 +138,13 @@ def check_fittable(row: Measurement) -> None:
         raise CalibrationError(
             f"column 'bytes': {_fmt(row.bytes) or 'empty'} is not a positive number for a {row.kind} row; give the "
             "bytes it moves or remove the row"
+        )
+    if row.kind == "collective" and row.bytes / row.time_s > MAX_ALGBW_BYTES_PER_S:
+        # The importers' bound (MAX_ALGBW_BYTES_PER_S), for rows written by hand or by another tool.
+        raise CalibrationError(
+            f"{row.bytes:.0f} bytes in {row.time_s:.3g} s is {row.bytes / row.time_s / 1e12:.3g} TB/s, more than ten "
+            "times the fastest GPU fabric (NVLink 5, 0.9 TB/s per direction); column 'time_s' must be in seconds "
+            "and 'bytes' in bytes: fix the row's units or remove it"
         )
 
 
@@ -283,9 +301,9 @@ def _parse(path: Path, line: int, column: str, text: str) -> object:
 NOT_MEASUREMENTS = frozenset({"failures.csv"})
 
 
-def read_rows(paths: Sequence[Path]) -> list[Measurement]:
-    """Read measurement CSVs (or every ``*.csv`` inside a directory but a profile's ``failures.csv``), in a stable
-    order."""
+def measurement_files(paths: Sequence[Path]) -> list[Path]:
+    """The files :func:`read_rows` reads for ``paths``: each file given, and every ``*.csv`` inside a directory but
+    a profile's ``failures.csv``, in a stable order (a file more than once where it is named more than once)."""
     files: list[Path] = []
     for p in paths:
         if p.is_dir():
@@ -294,20 +312,55 @@ def read_rows(paths: Sequence[Path]) -> list[Measurement]:
             files.append(p)
         else:
             raise CalibrationError(f"{p}: no such file or directory; give measurement CSVs or folders of them")
+    return files
+
+
+def read_rows(paths: Sequence[Path], notes: list[str] | None = None) -> list[Measurement]:
+    """Read measurement CSVs (or every ``*.csv`` inside a directory but a profile's ``failures.csv``), in a stable
+    order: each file once, and a row that repeats another in every column once (module docstring); ``notes`` (when
+    given) gets a line for each file read once and one for the rows dropped."""
+    files = measurement_files(paths)
     if not files:
         raise CalibrationError(f"no measurement CSVs found in {', '.join(map(str, paths))}; run profile or an importer")
     out: list[Measurement] = []
+    seen_files: set[Path] = set()
+    first: dict[tuple[str, ...], tuple[Path, int]] = {}  # each row's cells: where it was read first
+    copies: list[tuple[Path, int, Path, int]] = []
     for path in files:
-        out += _read_csv(path)
+        if path.resolve() in seen_files:
+            if notes is not None:
+                notes.append(f"{path}: read once (it was named twice, or inside a folder named)")
+            continue
+        seen_files.add(path.resolve())
+        for line, row in _read_csv(path):
+            cells = _cells(row)
+            if cells in first:
+                copies.append((path, line, *first[cells]))
+                continue
+            first[cells] = (path, line)
+            out.append(row)
+    if copies and notes is not None:
+        path, line, of, of_line = copies[0]
+        notes.append(
+            f"dropped {len(copies)} row(s) that repeat another row in every column (counted once): {path} line "
+            f"{line}, a copy of line {of_line} of {of}" + (", ..." if len(copies) > 1 else "")
+        )
     return out
+
+
+def _cells(row: Measurement) -> tuple[str, ...]:
+    """A row as the cells it is written as (NaN equal to NaN, which the dataclass's own == is not)."""
+    data = asdict(row)
+    return tuple(_fmt(data[c]) for c in COLUMNS)
 
 
 _WHAT = "a measurement CSV (written by calibrate profile or an importer)"
 
 
-def _read_csv(path: Path) -> list[Measurement]:
-    """The rows of one measurement CSV; a file that is not UTF-8 text or not CSV is a CalibrationError."""
-    out: list[Measurement] = []
+def _read_csv(path: Path) -> list[tuple[int, Measurement]]:
+    """The rows of one measurement CSV with their line numbers; a file that is not UTF-8 text or not CSV is a
+    CalibrationError."""
+    out: list[tuple[int, Measurement]] = []
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
@@ -321,7 +374,7 @@ def _read_csv(path: Path) -> list[Measurement]:
                 try:
                     row = Measurement(**values)  # type: ignore[arg-type]
                     check_fittable(row)
-                    out.append(row)
+                    out.append((i, row))
                 except CalibrationError as err:
                     raise CalibrationError(f"{path}: line {i}: {err}") from None
     except UnicodeDecodeError:  # read again for the line and byte: the reader's offset is into its own buffer

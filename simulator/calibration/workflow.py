@@ -44,6 +44,7 @@ class FitResult:
     residuals: dict[str, list[float]]
     missing: tuple[tuple[str, str, str], ...]  # (folder, shape, reason)
     unfitted: tuple[tuple[str, int], ...] = ()  # (why fit_table left rows out, how many)
+    notes: tuple[str, ...] = ()  # what reading, fitting and holding out left out or could not do, and why
 
 
 def own_profile(rows: Sequence[Measurement]) -> bool:
@@ -74,7 +75,8 @@ def fit_files(
     """
     from simulator.calibration.profile import missing_shapes
 
-    rows = _one_device(read_rows(paths), only_device)
+    notes: list[str] = []
+    rows = _one_device(read_rows(paths, notes=notes), only_device)
     missing = tuple((str(p), key, why) for p in paths if p.is_dir() for key, why in missing_shapes(p))
     derived = device is None
     if device is None:
@@ -91,10 +93,16 @@ def fit_files(
     if not derived:
         _check_measured_on(rows, device)
     options: dict[str, Any] = {"min_bin_rows": 1, "generic_memory": "unclassified"} if own_profile(rows) else {}
-    table = fit_table(rows, device, name=name, source=_source(rows), provenance=_provenance(rows), **options)
-    residuals = holdout_errors(rows, device, holdout_every=holdout_every, **options) if holdout_every > 1 else {}
+    table = fit_table(
+        rows, device, name=name, source=_source(rows), provenance=_provenance(rows), notes=notes, **options
+    )
+    residuals = (
+        holdout_errors(rows, device, holdout_every=holdout_every, notes=notes, **options) if holdout_every > 1 else {}
+    )
     unfitted = Counter(why for r in rows if (why := unfitted_reason(r)))
-    return FitResult(table, device, derived, tuple(rows), residuals, missing, tuple(sorted(unfitted.items())))
+    return FitResult(
+        table, device, derived, tuple(rows), residuals, missing, tuple(sorted(unfitted.items())), tuple(notes)
+    )
 
 
 def _device_suggestion(names: Sequence[str]) -> str:
@@ -378,6 +386,8 @@ def run_host(
     if report.missing:
         say(f"{len(report.missing)} shapes missing (see {profile_dir / 'failures.csv'}); fitting what was measured")
     fit = fit_files([profile_dir], name=name, ranks=ranks)
+    for note in fit.notes:
+        say(f"note: {note}")
     device_yaml = out / "devices" / f"{name}.yaml"
     calibration_yaml = out / "calibration" / f"{name}.yaml"
     cluster_yaml = out / "clusters" / f"{name}.yaml"

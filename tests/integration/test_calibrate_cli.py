@@ -190,3 +190,22 @@ def test_import_nccl_tests_scope_applies_to_vtrain_tables(tmp_path: Path, capsys
     code, _, err = run(["calibrate", "import-nccl-tests", str(vtrain), "--out", str(out)], capsys)
     assert code == 0, err
     assert {line.split(",")[10] for line in out.read_text().splitlines()[1:]} == {"domain"}
+
+
+def test_fit_holdout_of_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`fit --holdout 1` skipped the residual report without a word (every shape left out would leave nothing to
+    fit), while the help promised to leave every Nth shape out: 1 is refused, and the help says what 0 does. Found by
+    a review of the calibration workflow."""
+    vtrain = DATA / "vtrain" / "a100_all_reduce_4gpu.txt"
+    rows = tmp_path / "nccl.csv"
+    assert run(["calibrate", "import-nccl-tests", str(vtrain), "--out", str(rows)], capsys)[0] == 0
+    fit = ["calibrate", "fit", str(rows), "--device", "A100-SXM4-80GB", "--out", str(tmp_path / "t.yaml")]
+    code, _, err = run([*fit, "--holdout", "1"], capsys)
+    assert code == 2
+    assert "argument --holdout: expected 0 (no held-out report) or a whole number >= 2, got '1'" in err
+    assert not (tmp_path / "t.yaml").exists()
+    code, out, err = run([*fit, "--holdout", "0"], capsys)
+    assert code == 0, err
+    assert "held-out residuals" not in out
+    assert main(["calibrate", "fit", "--help"]) == 0
+    assert "0 skips the report" in " ".join(capsys.readouterr().out.split())

@@ -889,3 +889,31 @@ def test_a_utf16_validation_csv_is_named_as_such(tmp_path: Path, capsys: pytest.
     path.write_text("\n".join(rows) + "\n", encoding="utf-16")
     assert main(["validate", str(path)]) == 2
     assert "is UTF-16 text, not UTF-8; save the file as UTF-8" in capsys.readouterr().err
+
+
+def test_fit_refuses_an_output_that_is_a_file_it_reads_inside_an_input_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`calibrate fit prof --device-out prof/kernels.csv` replaced the profile's own measurements with the device
+    profile: the guard compared outputs with the paths given, not with the files fit reads inside a folder. Every
+    file fit would read (the folder's measurement CSVs, its manifest and failures) is refused as an output; other
+    files in the folder are not. Found by a review of the calibration workflow."""
+    from simulator.calibration.rows import Measurement, write_rows
+
+    prof = tmp_path / "prof"
+    rows = [
+        Measurement(kind="collective", op="all_reduce", bytes=2.0 ** (20 + i), ranks=8, scope="domain",
+                    time_s=2.0 ** (20 + i) / 1e11)
+        for i in range(6)
+    ]  # fmt: skip
+    write_rows(rows, prof / "sub" / "collectives.csv")
+    (prof / "manifest.json").write_text('{"shapes": {}}\n')
+    (prof / "notes.yaml").write_text("kept: yes\n")
+    before = {p: p.read_bytes() for p in prof.rglob("*") if p.is_file()}
+    fit = ["calibrate", "fit", str(prof), "--device", "A100-SXM4-80GB", "--out", str(tmp_path / "t.yaml")]
+    for target in (prof / "sub" / "collectives.csv", prof / "manifest.json"):
+        assert main([*fit, "--device-out", str(target)]) == 2
+        assert f"error: --device-out {target}: is an input of this command" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in prof.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "t.yaml").exists()
+    assert main([*fit, "--device-out", str(prof / "notes.yaml")]) == 0  # a file fit does not read may be replaced

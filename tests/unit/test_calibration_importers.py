@@ -542,3 +542,22 @@ def test_vidur_folder_without_profiles_names_both_layouts(tmp_path: Path) -> Non
 
     with pytest.raises(CalibrationError, match=r"compute/<gpu>/<model>/mlp\.csv or network/<node>/\*\.csv"):
         import_vidur_tree(DATA / "vidur" / "network")
+
+
+def test_imported_rows_name_their_line_so_measurements_that_agree_are_not_copies(tmp_path: Path) -> None:
+    """Fit counts a row that repeats another in every column once (a file read twice, lines pasted twice). Vidur
+    profiled some token counts twice, and 25 of those lines agree to the microsecond with their twin: the rows name
+    the line they come from, so both measurements are kept. Found by a review of the calibration workflow."""
+    from simulator.calibration.rows import read_rows, write_rows
+
+    rows = import_vidur_compute(DATA / "vidur" / "compute" / "a100" / "Llama-2-7b-hf" / "mlp.csv")
+    rows += import_vidur_network(DATA / "vidur" / "network" / "a100_dgx" / "send_recv.csv")
+    rows += import_vtrain_table(DATA / "vtrain" / "a100_all_reduce_8gpu.txt")
+    path = tmp_path / "all_reduce.txt"
+    path.write_text(NCCL_OUTPUT + NCCL_OUTPUT.split("\n", 4)[4])  # the same data lines twice in one log
+    rows += import_nccl_tests(path)
+    write_rows(rows, tmp_path / "rows.csv")
+    notes: list[str] = []
+    assert len(read_rows([tmp_path / "rows.csv"], notes=notes)) == len(rows)
+    assert notes == []
+    assert rows[0].note.endswith("; line 2")

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simulator.calibration.rows import Measurement, input_file, not_utf8_error
+from simulator.calibration.rows import MAX_ALGBW_BYTES_PER_S, Measurement, input_file, not_utf8_error
 from simulator.errors import CalibrationError
 from simulator.specs.calibration import COLLECTIVES
 
@@ -170,14 +170,6 @@ def import_nccl_tests(
     return rows
 
 
-# The fastest rate any collective can show, in bytes of its message per second: NVLink 5 moves 900 GB/s per GPU and
-# direction (NVIDIA B200/GB200 datasheets, 1.8 TB/s bidirectional); an all-gather's algorithm bandwidth approaches
-# that, an all-reduce's half of it. Ten times the fabric is no measurement but a unit slip: times in a larger unit
-# read as a smaller one (microseconds in a column read as nanoseconds are a factor of 1,000 too short). The
-# opposite slip makes times too long, which no bound can tell from a slow fabric.
-MAX_ALGBW_BYTES_PER_S = 1e13
-
-
 def _check_plausible(path: Path, lineno: int, size: float, time_s: float, unit: str) -> None:
     """A line whose message would move faster than :data:`MAX_ALGBW_BYTES_PER_S` is refused, naming the unit."""
     if size / time_s > MAX_ALGBW_BYTES_PER_S:
@@ -272,7 +264,7 @@ def _run_rows(
                 device=device or run.gpu_name,
                 source=f"nccl-tests output {path.name}",
                 host=",".join(sorted(run.hosts)),
-                note=f"hosts={len(run.hosts) or 1}",
+                note=f"hosts={len(run.hosts) or 1}; line {lineno}",  # the line: rows.read_rows counts copies once
             )
         )
     return rows
@@ -345,6 +337,7 @@ def import_vtrain_table(
                 time_s=time_ns * 1e-9,
                 device=device,
                 source=f"VIA-Research/vTrain trace/a100/{path.name}",
+                note=f"line {i}",  # the line: rows.read_rows counts rows alike in every column once
             )
         )
     if notes is not None:

@@ -205,7 +205,9 @@ def import_vidur_compute(path: Path, device: str | None = None, notes: list[str]
                 "time_s_std": _stat(row, op, "std"),
                 "device": device,
                 "source": source,
-                "note": f"tp={int(row['num_tensor_parallel_workers'])}",
+                # The line: two lines of one shape (Vidur profiled some token counts twice) may agree to the
+                # microsecond, and read_rows counts rows alike in every column once.
+                "note": f"tp={int(row['num_tensor_parallel_workers'])}; line {pos + 2}",
             }
             shape = _gemm_shape(op, row)
             if shape is not None:
@@ -278,7 +280,7 @@ def import_vidur_network(path: Path, device: str | None = None, notes: list[str]
                 time_s_std=_stat(row, collective, "std"),
                 device=device,
                 source=source,
-                note=f"devices_per_node={per_node}",
+                note=f"devices_per_node={per_node}; line {pos + 2}",
             )
         )
     if (empty or negative) and notes is not None:

@@ -29,6 +29,7 @@ from simulator.errors import CalibrationError
 __all__ = ["add_calibrate_parser"]
 
 EXIT_OK = 0
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command stopped by Ctrl-C
 
 
 def _whole_number(text: str, minimum: int) -> int:
@@ -168,26 +169,43 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             for s in model_shapes(cfg.model(), micro_batches=mbs, tps=args.tp, fp8=fp8):
                 shapes.setdefault(s.key, s)
     colls = collective_shapes(args.ranks, args.device) if args.collectives else ()
-    report = run_profile(
-        [*shapes.values(), *(probe_shapes(args.device, fp8=fp8) if not args.no_probes else ())],
-        args.out,
-        device=args.device,
-        threads=args.threads,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        passes=args.passes,
-        cold_cache=args.cold_cache,
-        collectives=colls,
-        sustain_s=args.sustain,
-        fp8_emulated=args.fp8_emulated,
-        log=_say,
-    )
+    try:
+        report = run_profile(
+            [*shapes.values(), *(probe_shapes(args.device, fp8=fp8) if not args.no_probes else ())],
+            args.out,
+            device=args.device,
+            threads=args.threads,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            passes=args.passes,
+            cold_cache=args.cold_cache,
+            collectives=colls,
+            sustain_s=args.sustain,
+            fp8_emulated=args.fp8_emulated,
+            log=_say,
+        )
+    except KeyboardInterrupt:
+        return _interrupted(args.out)
+    rows = f" ({report.rows} rows, one per pass)" if report.rows != report.measured else ""
     print(
-        f"profiled on {report.device}: {report.measured} shapes measured now, {report.resumed} kept from an "
+        f"profiled on {report.device}: {report.measured} shapes measured now{rows}, {report.resumed} kept from an "
         f"earlier run, {report.planned} planned in {report.out}"
     )
     _print_missing(report.missing)
     return EXIT_OK
+
+
+def _interrupted(folder: Path) -> int:
+    """Ctrl-C: one line saying what the profile folder keeps (rows are flushed one at a time), not a traceback."""
+    from simulator.calibration.profile import COLLECTIVES_CSV, KERNELS_CSV
+
+    kept = 0
+    for name in (KERNELS_CSV, COLLECTIVES_CSV):
+        if (folder / name).is_file():
+            with (folder / name).open("rb") as fh:
+                kept += max(sum(1 for _ in fh) - 1, 0)  # less the header
+    _say(f"interrupted; {kept} rows kept in {folder} (rerun the same command to measure the rest)")
+    return EXIT_INTERRUPTED
 
 
 def _print_missing(missing: Sequence[tuple[str, str]]) -> None:
@@ -467,26 +485,29 @@ def _cmd_host(args: argparse.Namespace) -> int:
         _plain_name(args.name, "--name")
     _out_folder(args.out)
     configs = _configs(args.configs, args.device)
-    result = run_host(
-        args.out,
-        device=args.device,
-        name=args.name,
-        configs=configs,
-        micro_batches=args.micro_batch,
-        ranks=args.ranks,
-        threads=args.threads,
-        steps=args.steps,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        passes=args.passes,
-        rounds=args.rounds,
-        cold_cache=args.cold_cache,
-        check=not args.no_check,
-        fp8=args.fp8 or args.fp8_emulated,
-        fp8_emulated=args.fp8_emulated,
-        sustain_s=args.sustain,
-        log=_say,
-    )
+    try:
+        result = run_host(
+            args.out,
+            device=args.device,
+            name=args.name,
+            configs=configs,
+            micro_batches=args.micro_batch,
+            ranks=args.ranks,
+            threads=args.threads,
+            steps=args.steps,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            passes=args.passes,
+            rounds=args.rounds,
+            cold_cache=args.cold_cache,
+            check=not args.no_check,
+            fp8=args.fp8 or args.fp8_emulated,
+            fp8_emulated=args.fp8_emulated,
+            sustain_s=args.sustain,
+            log=_say,
+        )
+    except KeyboardInterrupt:
+        return _interrupted(args.out / "profile")
     summary = summarize_errors(result.fit.residuals)
     if args.format == "json":
         print(

@@ -24,7 +24,9 @@ Each row carries the FLOPs and bytes the *simulator's graph* assigns to the oper
 fitted curves predict exactly those operators. Rows are appended and flushed one shape at a time to
 ``kernels.csv`` and ``collectives.csv``; ``manifest.json`` lists every planned shape and ``failures.csv``
 why a shape failed (out of memory...). A killed or failed run keeps what it measured; running it again
-measures only what is missing, and :func:`missing_shapes` says what still is.
+measures only what is missing, and :func:`missing_shapes` says what still is. Only the same device resumes: a
+folder whose rows were measured on another (for a CPU, the same model with another thread count) is refused, since
+one table would mix the two.
 """
 
 from __future__ import annotations
@@ -342,7 +344,8 @@ def missing_shapes(out: Path) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True, slots=True)
 class ProfileReport:
-    """What a profile run did: shapes planned, measured now, already there, and missing."""
+    """What a profile run did: shapes planned, measured now (in ``rows`` rows: one per pass), already there, and
+    missing."""
 
     out: Path
     planned: int
@@ -350,6 +353,23 @@ class ProfileReport:
     resumed: int
     missing: tuple[tuple[str, str], ...]
     device: str
+    rows: int = 0
+
+
+def _same_device(out: Path, device: str) -> None:
+    """Refuse to resume into ``out`` when its rows were measured on another device than ``device`` (a CPU's name
+    carries its thread count: a rerun with --threads 2 had kept 53 rows of one thread and measured none)."""
+    for name in (KERNELS_CSV, COLLECTIVES_CSV):
+        path = out / name
+        if not (path.is_file() and _has_rows(path)):
+            continue
+        others = sorted({r.device for r in read_rows([path]) if r.device and r.device != device})
+        if others:
+            raise CalibrationError(
+                f"--out {out}: holds rows measured on {', '.join(others)}, and this run is on {device}: resuming would "
+                "mix the two in one table; give a new --out folder to start afresh (or empty this one), or rerun "
+                "with the device and --threads of those rows to resume"
+            )
 
 
 # -- the benchmarks -----------------------------------------------------------------------------------------
@@ -752,6 +772,8 @@ def run_profile(
         if dev.type != "cuda":
             say("--fp8-emulated: timing PyTorch's emulated FP8 GEMM on the CPU (tests the pipeline, not FP8 hardware)")
     out.mkdir(parents=True, exist_ok=True)
+    prov = provenance(dev)
+    _same_device(out, prov["device"])
     planned = _read_manifest(out)
     todo = list(shapes) + list(collectives)
     if launch_overhead is None:
@@ -764,13 +786,12 @@ def run_profile(
         planned[launch_key] = "launch"
     _write_manifest(out, planned)
     counts = _done_counts(out)
+    before = Counter(counts)
     done = set(counts)
     keys = [s.key for s in (*todo, *sustain)] + ([launch_key] if launch_overhead else [])
     resumed = sum(1 for key in keys if key in done)
     if resumed:
         say(f"resuming: {resumed} of {len(keys)} shapes already measured in {out}")
-    prov = provenance(dev)
-    measured = 0
     with RowAppender(out / KERNELS_CSV) as sink:
         failed: set[str] = set()
         for p in range(max(passes, 1)):
@@ -788,7 +809,6 @@ def run_profile(
                     continue
                 sink.append(_timed_row(shape, t, prov))
                 counts[shape.key] += 1
-                measured += 1
                 if (i + 1) % 100 == 0:
                     say(f"  pass {p + 1}/{passes}: {i + 1}/{len(shapes)} kernel shapes")
         if launch_overhead and launch_key not in done:
@@ -804,15 +824,21 @@ def run_profile(
                     **_prov(prov),
                 )
             )
-            measured += 1
         if sustain and sustain[1].key not in done:
-            measured += _run_sustained(sustain, sustain_s, dev, out, done, prov, sink, say)
+            _run_sustained(sustain, sustain_s, dev, out, done, prov, sink, say)
     pending = [c for c in collectives if c.key not in done]
     if pending:
-        measured += _run_collectives(pending, out, dev.type, threads, warmup, repeats, prov)
+        _run_collectives(pending, out, dev.type, threads, warmup, repeats, prov)
     missing = tuple(missing_shapes(out))
+    after = _done_counts(out)  # the shapes with rows they did not have, and the rows, a pass each (or a collective)
     return ProfileReport(
-        out=out, planned=len(planned), measured=measured, resumed=resumed, missing=missing, device=device_name(dev)
+        out=out,
+        planned=len(planned),
+        measured=sum(1 for key in after if after[key] > before[key]),
+        resumed=resumed,
+        missing=missing,
+        device=device_name(dev),
+        rows=sum(after.values()) - sum(before.values()),
     )
 
 

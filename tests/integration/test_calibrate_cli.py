@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -209,3 +210,43 @@ def test_fit_holdout_of_one_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert "held-out residuals" not in out
     assert main(["calibrate", "fit", "--help"]) == 0
     assert "0 skips the report" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.torch
+def test_profile_interrupted_by_ctrl_c_says_what_it_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C during `calibrate profile` printed a KeyboardInterrupt traceback: it prints one line saying how many
+    rows the folder keeps and exits 130 (128 + SIGINT, as a shell reports it). Found by a review of the calibration
+    workflow."""
+    pytest.importorskip("torch")
+    from simulator.calibration import profile
+
+    real = profile._time_shape
+    calls = {"n": 0}
+
+    def interrupted(shape: Any, dev: Any, warmup: int, repeats: int, cold: bool = False) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(shape, dev, 0, 1)
+
+    monkeypatch.setattr(profile, "_time_shape", interrupted)
+    out = tmp_path / "prof"
+    code, _, err = run(["calibrate", "profile", "--configs", "tiny", "--no-probes", "--out", str(out)], capsys)
+    assert code == 130
+    assert err.splitlines()[-1] == f"interrupted; 2 rows kept in {out} (rerun the same command to measure the rest)"
+    assert "Traceback" not in err
+
+
+@pytest.mark.torch
+def test_profile_says_shapes_and_rows_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The line "N shapes measured now" counted rows: with --passes 2 it said twice the shapes there were. Found by a
+    review of the calibration workflow."""
+    pytest.importorskip("torch")
+    out = tmp_path / "prof"
+    argv = ["calibrate", "profile", "--configs", "tiny", "--no-probes", "--repeats", "1", "--warmup", "0"]
+    code, text, err = run([*argv, "--passes", "2", "--out", str(out)], capsys)
+    assert code == 0, err
+    planned = int(text.split(" planned in ")[0].rsplit(" ", 1)[1])
+    assert f": {planned} shapes measured now ({2 * planned} rows, one per pass), 0 kept" in text

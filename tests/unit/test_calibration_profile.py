@@ -196,3 +196,36 @@ def test_missing_shapes_are_told_apart_failed_from_unreached(capsys: pytest.Capt
     assert "not measured" not in out
     _print_missing([])
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.torch
+def test_resuming_a_profile_of_another_device_or_thread_count_is_refused(tmp_path: Path) -> None:
+    """A profile resumed into a folder whatever it held: a rerun with --threads 2 kept the 53 rows measured with one
+    thread and added none, so the table mixed (or just was) the other setting. Resuming is refused when the folder's
+    rows were measured on another device (the CPU's name carries its thread count), saying how to start afresh.
+    Found by a review of the calibration workflow."""
+    pytest.importorskip("torch")
+    from simulator.calibration.rows import write_rows
+
+    shapes = [s for s in model_shapes(TINY) if s.op == "gemm.fwd"][:2]
+    run_profile(shapes, tmp_path, warmup=0, repeats=1)
+    rows = read_rows([tmp_path / "kernels.csv"])
+    write_rows([replace(r, device="CPU Some Other Model (2 threads)") for r in rows], tmp_path / "kernels.csv")
+    with pytest.raises(CalibrationError) as err:
+        run_profile(shapes, tmp_path, warmup=0, repeats=1)
+    text = str(err.value)
+    assert f"--out {tmp_path}: holds rows measured on CPU Some Other Model (2 threads)" in text
+    assert "give a new --out folder to start afresh" in text
+    assert len(read_rows([tmp_path / "kernels.csv"])) == 2  # nothing added
+
+
+@pytest.mark.torch
+def test_a_profile_reports_shapes_measured_not_rows(tmp_path: Path) -> None:
+    """With --passes 3 every shape writes three rows, and "N shapes measured now" counted rows (3N). The report
+    counts shapes and, apart, rows. Found by a review of the calibration workflow."""
+    pytest.importorskip("torch")
+    shapes = [s for s in model_shapes(TINY) if s.op == "gemm.fwd"][:2]
+    report = run_profile(shapes, tmp_path, warmup=0, repeats=1, passes=3)
+    assert (report.measured, report.rows, report.planned) == (2, 6, 2)
+    again = run_profile(shapes, tmp_path, warmup=0, repeats=1, passes=3)
+    assert (again.measured, again.rows, again.resumed) == (0, 0, 2)

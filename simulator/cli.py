@@ -448,6 +448,12 @@ def _fmt_gpu_hours(hours: float) -> str:
     return f"{hours:,.0f}" if hours >= 100 else f"{hours:.3g}"
 
 
+def _fmt_tflops(value: float, decimals: int) -> str:
+    """TFLOP/s with ``decimals`` decimals, or three significant digits where those would show less (a CPU's peak of
+    0.22 TFLOP/s had printed as 0)."""
+    return f"{value:,.{decimals}f}" if value >= 10.0 ** (1 - decimals) else f"{value:.3g}"
+
+
 def _result_table(r: Any, train: dict[str, float] | None = None, tokens: float | None = None) -> str:
     p = r.plan
     lines = [
@@ -465,15 +471,15 @@ def _result_table(r: Any, train: dict[str, float] | None = None, tokens: float |
         )
         basis = "fp16" if p.precision == "fp16" else "bf16"
         lines.append(
-            f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {r.model_tflops_per_gpu:,.1f} model TFLOP/s, "
-            f"of the {basis} peak {r.peak_tflops_per_gpu:,.0f} TFLOP/s"
+            f"per GPU: {r.tokens_per_s_per_gpu:,.0f} tokens/s, {_fmt_tflops(r.model_tflops_per_gpu, 1)} model "
+            f"TFLOP/s, of the {basis} peak {_fmt_tflops(r.peak_tflops_per_gpu, 0)} TFLOP/s"
             + (" (FP8 runs are also rated against the 16-bit peak)" if p.precision == "fp8" else "")
         )
         if r.mfu_causal < r.mfu:
             lines.append(
                 "(model FLOPs count attention at the full s², as PaLM and NeMo 2 do; Megatron-LM and Megatron-Bridge "
                 f"halve causal attention: by their count MFU {r.mfu_causal * 100:.1f}%, "
-                f"{r.model_tflops_per_gpu * r.mfu_causal / r.mfu:,.1f} TFLOP/s per GPU)"
+                f"{_fmt_tflops(r.model_tflops_per_gpu * r.mfu_causal / r.mfu, 1)} TFLOP/s per GPU)"
             )
         if train is not None:
             cost = "" if math.isnan(train["cost_usd"]) else f", {train['cost_usd']:,.0f} USD"

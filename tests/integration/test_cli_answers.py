@@ -699,3 +699,17 @@ def test_a_very_large_trace_gets_a_note(
     assert "a smaller --global-batch" in err
     monkeypatch.setattr(cli, "TRACE_NOTE_BYTES", 10**12)
     assert "holds" not in run([*TRACE_ARGS, "--trace", str(tmp_path / "t.json")], capsys)[2]
+
+
+def test_throughput_figures_below_10_tflops_keep_significant_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    """On a CPU host profile (a peak of 0.22 TFLOP/s) the table said 'of the bf16 peak 0 TFLOP/s' and '0.0 model
+    TFLOP/s': a peak under 10 TFLOP/s and a throughput under 1 are given to three significant digits; larger figures
+    print as before. Found by a review of the calibration workflow."""
+    argv = [*LLAMA8, "--set", "device.peak_tflops_bf16=0.22"]
+    code, out, err = run(argv, capsys)
+    assert code == 0, err
+    d = simulate_json(argv, capsys)
+    assert f"{d['model_tflops_per_gpu']:.3g} model TFLOP/s, of the bf16 peak 0.22 TFLOP/s" in out
+    assert " 0.0 " not in out
+    code, out, _ = run([*LLAMA8, "--set", "device.peak_tflops_bf16=2.5"], capsys)
+    assert "of the bf16 peak 2.5 TFLOP/s" in out

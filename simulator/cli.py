@@ -327,7 +327,7 @@ def _token_count(text: str) -> float:
     try:
         exact = decimal.Decimal(number) * decimal.Decimal(int(scale))
         value = float(exact) if exact.is_finite() else math.nan
-    except (decimal.InvalidOperation, ValueError):
+    except (decimal.DecimalException, ValueError):
         exact, value = decimal.Decimal(0), math.nan
     if not (math.isfinite(value) and value >= 1):
         raise SpecError(
@@ -702,6 +702,7 @@ def _cmd_graph(args: argparse.Namespace) -> int:
         raise SpecError("--seq-len/--micro-batch", f"must be >= 1, got {seq} and {args.micro_batch}", "use positive")
     check_count("--seq-len", seq)
     check_count("--micro-batch", args.micro_batch)
+    check_count("--seq-len × --micro-batch (tokens per micro-batch)", seq * args.micro_batch)
     g = build_graph(model, seq, args.micro_batch, args.attention)
     rows = g.rows()
     if args.format == "json":

@@ -129,7 +129,7 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
                 raise knobs.error(str(key), f"is not a stack knob; use one of {', '.join(STACK_KNOBS)}", "remove it")
             values[key] = read_knob(knobs, str(key))
         override = e.raw("override", [])
-        if not isinstance(override, list) or any(k not in values for k in override):
+        if not isinstance(override, list) or any(not isinstance(k, str) or k not in values for k in override):
             raise e.error("override", "must list knobs that the entry sets", "e.g. override: [zero_stage]")
         out.append(
             Stack(
@@ -501,15 +501,21 @@ def row_cluster(
         raise SpecError(
             f"{where}: cluster", "is empty", "fill cluster (a name `clustersim hardware list` shows, or a YAML)"
         )
-    if folder is not None and not Path(name).is_absolute() and (folder / name).is_file():
-        name = str(folder / name)
     nics = _positive_or_none(row, "nics_per_node", where, "the cluster profile's own count")
-    key = (name, nics)
-    if key not in cache:
-        try:
+    try:
+        if folder is not None and not Path(name).is_absolute() and (folder / name).is_file():
+            name = str(folder / name)
+        key = (name, nics)
+        if key not in cache:
             cache[key] = load_cluster(name, {"nics_per_node": nics} if nics is not None else None)
-        except SpecError as err:
-            raise SpecError(f"{where}: cluster", f"{err.where}: {err.what}", err.fix) from None
+    except SpecError as err:
+        raise SpecError(f"{where}: cluster", f"{err.where}: {err.what}", err.fix) from None
+    except (OSError, ValueError) as err:
+        # A cell no file system takes as a name (300 characters, a NUL byte): this row is invalid, the run goes on
+        # (it had ended the whole run at its first such row).
+        raise SpecError(
+            f"{where}: cluster", f"{name[:80]!r} is no cluster name or path ({err})", "fix the cell"
+        ) from None
     return cache[key]
 
 

@@ -114,8 +114,10 @@ def load_yaml_file(path: Path) -> Any:
         raise SpecError(str(path), "file not found", "check the path") from None
     except IsADirectoryError:
         raise SpecError(str(path), "is a directory, not a file", "name a YAML file") from None
-    except OSError as err:
-        raise SpecError(str(path), f"cannot be read ({err.__class__.__name__}: {err})", "check the file") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the name, which no file system takes
+        raise SpecError(
+            str(path).replace("\x00", "\\x00"), f"cannot be read ({err.__class__.__name__}: {err})", "check the path"
+        ) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -79,6 +79,7 @@ from typing import Any
 from simulator.errors import SpecError
 from simulator.specs._fields import MISSING, Fields, check_choices, check_ranges, check_scalar_types, did_you_mean
 from simulator.specs.calibration import ATTENTION_CLASSES
+from simulator.units import fmt_knob
 
 __all__ = [
     "ATTENTION",
@@ -390,12 +391,19 @@ class PlanSpec:
             # (AUTO_DERIVED); a knob with a fixed default is not searched ('tp: auto' had been read as tp 1,
             # 'recompute_layers: auto' as every layer, 'tp_overlap: auto' as off, none of them reported).
             if key not in FREE_KNOBS and key not in AUTO_DERIVED:
-                shown = "every layer" if key == "recompute_layers" else repr(defaults[key] or False)
+                default = defaults[key]
+                if (
+                    default is dataclasses.MISSING
+                ):  # global_batch: a fuzzing run printed '<dataclasses._MISSING_TYPE object>'
+                    fix = f"give {key} a value (it has no default)"
+                else:
+                    shown = "every layer" if key == "recompute_layers" else fmt_knob(default, "false")
+                    fix = f"give {key} a value, or leave it out for the default ({shown})"
                 raise SpecError(
                     f"{where}: {key}",
                     f"is {f.data[key]!r}, but the simulator does not choose {key} (it chooses "
                     f"{', '.join(FREE_KNOBS)}; it derives {', '.join(AUTO_DERIVED)})",
-                    f"give {key} a value, or leave it out for the default ({shown})",
+                    fix,
                 )
         raw = {k: v for k, v in f.data.items() if k not in auto}
         g = Fields(raw, where, keys=cls.file_keys())

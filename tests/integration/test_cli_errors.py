@@ -91,6 +91,22 @@ CASES = [
 ]
 
 
+def test_a_plan_file_with_auto_for_a_knob_the_simulator_does_not_choose_says_its_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'global_batch: auto' printed '<dataclasses._MISSING_TYPE object at 0x...>' as its default, and
+    'zero_stage: auto' said the default is False, not 0. Found by fuzzing."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("global_batch: auto\n", encoding="utf-8")
+    assert main(["check", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "give global_batch a value (it has no default)" in err
+    assert "MISSING" not in err
+    plan.write_text("global_batch: 8\nzero_stage: auto\n", encoding="utf-8")
+    assert main(["check", str(plan)]) == 2
+    assert "leave it out for the default (0)" in capsys.readouterr().err
+
+
 def test_integers_read_as_yaml_1_2_does(tmp_path: Path) -> None:
     """YAML 1.1 (PyYAML's default) read a leading zero as octal and colons as base 60: `layers: 010` was 8 and
     `--set plan.global_batch=010` 8 while `--global-batch 010` is 10. Found by fuzzing."""
@@ -211,6 +227,12 @@ ARG_CASES = [
     ([*SIM, "--set", "model.layers=" + "9" * 5000], ["--set model.layers", "more than 4,300 digits"]),
     ([*SIM, "--set", "model.layers=" + "[" * 1000], ["--set model.layers", "nested too deeply"]),
     ([*SIM, "--set", "model.seq_len=1:30"], ["seq_len", "'1:30'"]),
+    ([*SIM, "--train-tokens", "1e999999999999"], ["--train-tokens", "is not a token count"]),
+    (
+        ["graph", "--model", "llama3-8b", "--seq-len", str(2**53), "--micro-batch", str(2**53)],
+        ["tokens per micro-batch", "must be at most 2**53"],
+    ),
+    (["check", "a\x00b"], ["a\\x00b", "embedded null byte"]),
     (["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--tp", "8"], ["--global-batch", "required"]),
     (
         ["simulate", "--model", "gpt3-175b", "--cluster", "dgx-h100", "--gpus", "0", "--global-batch", "8"],

@@ -608,3 +608,11 @@ def test_block_recomputation_is_tried_where_one_chunk_holds_more_layers_than_the
     assert block.feasible
     assert free.step_time_s <= block.step_time_s
     assert (free.plan.recompute, free.plan.recompute_layers) == ("full", 1)
+
+
+def test_a_trillion_gpus_get_an_answer() -> None:
+    """Placing a data-parallel group of 2**40 GPUs walked all its 2**37 NVLink domains (some 15 hours; found by
+    fuzzing); a domain's count repeats with the stride, so one period of them says it all."""
+    r = simulate(load_model("llama3-8b"), load_cluster("dgx-h100"), PlanSpec(dp=2**40, global_batch=2**40))
+    assert not r.feasible
+    assert "out of memory" in r.reason

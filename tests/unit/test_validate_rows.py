@@ -130,6 +130,24 @@ def test_stack_knob_values_are_checked(tmp_path: Path) -> None:
     )
     with pytest.raises(SpecError, match="true or false"):
         load_stacks(bad)
+    # Found by fuzzing: a list in `override` was a TypeError (unhashable type) traceback.
+    bad.write_text(
+        "stacks:\n  - match: x\n    name: y\n    knobs:\n      zero_stage: 1\n    override: [[zero_stage]]\n"
+        "    evidence: z\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(SpecError, match="must list knobs that the entry sets"):
+        load_stacks(bad)
+
+
+def test_a_cluster_cell_no_file_system_takes_is_an_invalid_row_not_the_end_of_the_run() -> None:
+    """A 300-character cluster cell made Path.is_file() raise 'File name too long', which ended the whole run
+    with one error instead of reporting that row as invalid and the others as usual. Found by fuzzing."""
+    rows = validate_frame(pd.DataFrame([_row(cluster="x" * 300), _row(run_id="r2")]), "t.csv").rows
+    assert rows[0]["invalid"]
+    assert "is no cluster name or path" in rows[0]["reason"]
+    assert not rows[1]["invalid"]
+    assert rows[1]["feasible"]
 
 
 def test_a_model_entry_and_its_source_entry_both_apply() -> None:

@@ -171,6 +171,14 @@ def main() -> None:
     _, warm = _time(deep, 3)
     print(f"interleaved sizing pp 2 x vp 1250, 16 micro-batches: median {warm:.2f} s  [was 9 s per stage]")
 
+    # A what-if on depth: a 1,000-layer model with every knob but pp free, so that the search sizes every vp that
+    # splits the layers (up to 500 chunks per stage). Weighing each schedule's in-flight mixes in Python had been
+    # quadratic in vp (1.7 s per call, 37 s at 2,000 layers; 2026-11-25).
+    deep_model = load_model("megatron-gpt-1.7b").with_(layers=1000, seq_len=128)
+    deep_plan = PlanSpec(pp=2, dp=1, global_batch=64)
+    _, warm = _time(lambda: simulate(deep_model, load_cluster("dgx-h100"), deep_plan, raise_infeasible=False), 3)
+    print(f"1,000-layer model, pp 2, free micro_batch/vp/recompute: median {warm:.2f} s  [was 1.7 s]")
+
 
 if __name__ == "__main__":
     main()

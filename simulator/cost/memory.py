@@ -31,6 +31,9 @@ expert-data-parallel group instead of the whole data-parallel group.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 
 from simulator.graph.ops import Op
 from simulator.graph.transformer import ModelGraph
@@ -197,6 +200,15 @@ def _weight_grad_store(graph: ModelGraph, layout: Layout, chunk: Chunk) -> float
     return stored
 
 
+@lru_cache(maxsize=256)
+def _live_counts(live: tuple[tuple[int, ...], ...]) -> np.ndarray:
+    """The in-flight entries as a matrix (one row per entry), built once per schedule: weighing them in Python was
+    entries × chunks multiplications per stage and candidate, quadratic in vp (a 1,000-layer model's free-knob search
+    spent 2.5 of 4.5 s there, 10,000 layers minutes). Each row sums left to right below eight chunks, as Python's
+    sum did; numpy's pairwise summation beyond, deterministically."""
+    return np.array(live, dtype=np.float64)
+
+
 def stage_memory(
     graph: ModelGraph,
     layout: Layout,
@@ -247,7 +259,7 @@ def stage_memory(
         for chunk in chunks:
             stored[chunk.chunk] += _weight_grad_store(graph, layout, chunk)
         held = kept_by_chunk + stored
-    activations = max(sum(k * n for k, n in zip(held, counts, strict=True)) for counts in live)
+    activations = float(np.max((_live_counts(live) * np.asarray(held)).sum(axis=1)))
     activations += working
 
     buffers = RESERVED_BYTES

@@ -50,7 +50,10 @@ NVLINK_FALLBACK_EFFICIENCY = 0.76
 # NVLS over ring all-reduce bus bandwidth inside one NVSwitch domain, by group members in the domain: 480 GB/s
 # (NVLS) vs 370 GB/s (ring) on 8 H100s, i.e. +30% (NCCL maintainer, NVIDIA/nccl-tests issue #212 and
 # NVIDIA/nccl issue #1442); with 5, 6 and 7 GPUs 420, 440 and 460 GB/s, and no gain up to 4 GPUs (8x H100 SXM
-# measurements, NVIDIA/nccl issue #1455). Larger domains (NVL72) keep the 8-GPU gain.
+# measurements, NVIDIA/nccl issue #1455). Larger domains (NVL72) and Blackwell keep the 8-GPU H100 gain: an
+# extrapolation, since no NVLS measurement of those is in this project (a review pointed at NVIDIA/nccl issue #2140,
+# 8x B300 at 695 GB/s ring against 845 GB/s NVLS, 1.22, which we have not been able to check). Such devices' all-
+# reduces run on the default curves, which their results list as uncalibrated.
 NVLS_GAIN = {5: 420 / 370, 6: 440 / 370, 7: 460 / 370, 8: 480 / 370}
 
 

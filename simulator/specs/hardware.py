@@ -244,6 +244,8 @@ class ClusterSpec:
     nic_bandwidth_bytes_per_s: float
     topology: str = "rail_optimized"
     oversubscription: float = 1.0
+    # Per-step latencies where a cluster file states none: the shipped clusters' figures and sources
+    # (hardware_profiles/clusters/dgx-h100.yaml: NCCL's tuning model, src/graph/tuning.cc, hwLat).
     intra_node_latency_s: float = 3 * US
     inter_node_latency_s: float = 6 * US
     calibration: CalibrationTable | None = None

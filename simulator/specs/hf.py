@@ -68,6 +68,9 @@ _ARCHITECTURE_PREFIXES = (
     ("GPT2", "gpt2"),
 )
 
+# The default sequence length of an imported config: its max_position_embeddings up to this many tokens. Long-context
+# maxima (128k for Llama 3.1) are what a model was extended to, rarely what it was pre-trained at (Llama 3: 8,192,
+# Dubey et al. 2024, Sec. 3.4.1); --seq-len sets any other.
 _SEQ_CAP = 8192
 # Activation names of transformers' ACT2FN that the ModelSpec activations can stand for. The GELU
 # approximations (tanh, sigmoid) cost the same elementwise pass as the exact one.

@@ -3,10 +3,12 @@
 A validation file has one measured training configuration per row (columns described in
 ``data/validation/README.md``). Each row becomes a model spec, a cluster (with the row's NIC override) and
 a plan; empty plan cells are free knobs that :func:`simulator.run.simulate` chooses. Rows whose
-architecture columns leave something unsaid are completed the way the model families in the files are
-built: gated-MLP models are Llama-style (RMSNorm, RoPE, no biases, untied embeddings, no dropout),
-ungated ones GPT-style as Megatron-LM builds them (LayerNorm, learned positions, biases, tied embeddings,
-dropout 0.1). These choices change parameter counts by well under 1% and never use the measured times.
+architecture columns leave something unsaid take what the built-in model file of that name says, where the row
+names one of the same shape (:func:`builtin_architecture`: activation, norm, biases, dropout, positions and tied
+embeddings, each sourced in ``models/``; the row's ``architecture`` names the file); the others are completed the
+way the model families in the files are built: gated-MLP models are Llama-style (RMSNorm, RoPE, no biases, untied
+embeddings, no dropout), ungated ones GPT-style as Megatron-LM builds them (LayerNorm, learned positions, biases,
+tied embeddings, dropout 0.1). None of these choices uses the measured times.
 
 A run that really ran cannot have been out of memory. When a row *as stated* does not fit, the stated
 configuration must be incomplete (papers often omit memory savers that their framework turns on by
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import json
 import math
@@ -65,7 +68,7 @@ from simulator.run import precision_problem, simulate
 from simulator.specs._fields import MAX_COUNT, Fields
 from simulator.specs._yaml import load_yaml_file
 from simulator.specs.hardware import ClusterSpec
-from simulator.specs.library import builtin_roots, data_roots, load_cluster
+from simulator.specs.library import builtin_roots, data_roots, load_cluster, load_model
 from simulator.specs.model import ModelSpec, MoESpec
 from simulator.specs.plan import TRAINING_KNOBS, PlanSpec, read_knob
 from simulator.units import fmt_knob
@@ -457,6 +460,45 @@ def row_model(row: pd.Series, where: str) -> ModelSpec:
         raise SpecError(f"{where}: {_MODEL_COLUMNS.get(err.where, err.where)}", err.what, fix) from None
 
 
+# The architecture facts a validation CSV has no column for, taken from a built-in model file where the row names
+# that model (builtin_architecture).
+_ARCHITECTURE_FACTS = ("activation", "norm", "tied_embeddings", "position_embedding", "bias", "dropout")
+_SHAPE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden", "gated_mlp")
+
+
+def _name_key(name: str) -> str:
+    """A model name for matching: lower case, letters, digits and dots only ('LLAMA3-8B', 'Llama 3 8B': llama38b)."""
+    return re.sub(r"[^a-z0-9.]", "", name.lower())
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_models_by_key() -> dict[str, str]:
+    from simulator.specs.library import list_names
+
+    return {_name_key(name): name for name, _ in list_names("model")}
+
+
+def builtin_architecture(model: ModelSpec) -> tuple[ModelSpec, str | None]:
+    """``model`` with the architecture facts of the built-in model it names (``models/<name>.yaml``, each fact with
+    its source there) in place of the GPT or Llama defaults (module docstring), and that file's name; ``model`` and
+    None where the row names no built-in model, or one of another shape (a name alone is not trusted: the row's
+    layers, hidden, heads, kv_heads, head_dim, ffn_hidden and gated_mlp must all agree, and both be dense or both
+    MoE). The row's vocabulary, sequence length and experts stay its own. Nemotron's squared ReLU, bias-free layers,
+    RoPE and untied embeddings, MPT's and BLOOM's ALiBi had been completed as GPT's GELU, biases and learned
+    positions (a review of the project's constants)."""
+    name = _builtin_models_by_key().get(_name_key(model.name))
+    if name is None:
+        return model, None
+    ref = load_model(name)
+    same_shape = all(getattr(ref, f) == getattr(model, f) for f in _SHAPE_FIELDS)
+    if not same_shape or (ref.moe is None) != (model.moe is None):
+        return model, None
+    facts = {f: getattr(ref, f) for f in _ARCHITECTURE_FACTS}
+    if all(getattr(model, f) == v for f, v in facts.items()):
+        return model, f"models/{name}.yaml"
+    return replace(model, **facts), f"models/{name}.yaml"
+
+
 # Plan columns the contract requires: an empty cell is a gap in the row, not a knob left free.
 _REQUIRED_PLAN_CELLS = ("num_gpus", "tp", "pp", "dp", "global_batch", "precision")
 
@@ -611,13 +653,14 @@ def validate_frame(
             "global_batch": _int_or_none(row, "global_batch", where),
             "precision": str(_cell(row, "precision") or ""),
             "measured_step_time_s": measured,
+            "architecture": None,  # the built-in model file the architecture facts came from (builtin_architecture)
             "stack": None,  # the software_stacks.yaml entry that matched the row, and what it set
             "stack_knobs": {},
         }
         try:
             if bad_measure is not None:
                 raise bad_measure
-            model = row_model(row, where)
+            model, entry["architecture"] = builtin_architecture(row_model(row, where))
             cluster = row_cluster(row, where, clusters, folder)
             plan = row_plan(row, where)
             _row_rules(model, plan, row, where, cluster=cluster)

@@ -725,3 +725,38 @@ def test_a_group_whose_every_row_is_judged_infeasible_is_unranked_without_a_warn
     summary = summarise(judged)
     assert summary["spearman_groups"] == 0
     assert summary["spearman_groups_unranked"] == 1
+
+
+def test_a_row_naming_a_built_in_model_of_its_shape_takes_that_files_architecture() -> None:
+    """An ungated row was completed as Megatron-LM's GPT (GELU, biases, learned positions, tied, dropout), which
+    contradicted the sourced models/nemotron-8b.yaml (squared ReLU, no biases, RoPE, untied, no dropout). A row
+    naming a built-in model of its shape now takes that file's facts; another shape, or an unknown name, keeps the
+    defaults. Found by a review of the project's constants."""
+    nemotron = load_model("nemotron-8b")
+    shape = {
+        "model": "Nemotron-8B",
+        "layers": nemotron.layers,
+        "hidden": nemotron.hidden,
+        "heads": nemotron.heads,
+        "kv_heads": nemotron.kv_heads,
+        "ffn_hidden": nemotron.ffn_hidden,
+        "vocab": nemotron.vocab,
+        "gated_mlp": False,
+        "seq_len": 4096,
+        "tp": 2,
+        "dp": 2,
+        "num_gpus": 4,
+        "global_batch": 8,
+    }
+    same, other = validate_frame(
+        pd.DataFrame([_row(**shape), _row(**{**shape, "run_id": "r2", "layers": 30})]), "t.csv"
+    ).rows
+    assert same["architecture"] == "models/nemotron-8b.yaml"
+    assert other["architecture"] is None
+    from simulator.validate import builtin_architecture, row_model
+
+    model, where = builtin_architecture(row_model(pd.Series(_row(**shape)), "t.csv"))
+    assert where == "models/nemotron-8b.yaml"
+    facts = ("activation", "norm", "bias", "dropout", "position_embedding", "tied_embeddings")
+    assert [getattr(model, f) for f in facts] == [getattr(nemotron, f) for f in facts]
+    assert model.vocab == nemotron.vocab

@@ -311,10 +311,10 @@ _TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 def _fmt_tokens(tokens: float) -> str:
     """15e12 -> '15T', 2.5e9 -> '2.5B', 15e15 -> '15,000T', 999.999e9 -> '999.999B', 1234 -> '1,234': every
-    digit the count has (up to 12 significant), so that two counts that differ never read alike."""
+    digit the count has, up to 15 significant (as many as a float holds without noise)."""
     for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
         if tokens >= scale:
-            return f"{tokens / scale:,.12g}{suffix}"
+            return f"{tokens / scale:,.15g}{suffix}"
     return f"{tokens:,.0f}"
 
 

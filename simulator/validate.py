@@ -363,7 +363,7 @@ def _row_rules(
             "fix cp or seq_len",
         )
     if cluster is not None and (problem := precision_problem(cluster, plan.precision)):
-        raise SpecError(f"{where}: precision", problem, "fix precision or cluster")
+        raise SpecError(f"{where}: precision", problem.removeprefix("precision "), "fix precision or cluster")
     if model.heads % plan.tp or model.kv_heads % plan.tp:
         raise SpecError(
             f"{where}: tp",

@@ -19,9 +19,11 @@ into efficiency tables. Conventions:
 
 CSV files use a fixed column order and round-trip floats exactly (``repr``), so the same rows give the
 same bytes. Reading them reads each file once (one named twice, or inside a folder also named, is read once) and
-counts a row that repeats another in every column once: a measurement is one row, with its provenance (the
-profiler's rows carry exact times, date and host; the importers' the line of the file they come from), so a
-second such row is a copy, not a second measurement.
+counts a row of one file that repeats one of another file in every column once: a measurement is one row, with its
+provenance (the profiler's rows carry exact times, date and host; the importers' the line they come from), so the
+same row in a second file is a copy (rows merged into another file, a profile named beside its own CSV). Within one
+file every row is kept: two equal timings of one shape there may be two measurements (Vidur's twins agree to the
+microsecond, and a rows file imported before the importers named their lines does not tell them apart).
 """
 
 from __future__ import annotations
@@ -317,8 +319,8 @@ def measurement_files(paths: Sequence[Path]) -> list[Path]:
 
 def read_rows(paths: Sequence[Path], notes: list[str] | None = None) -> list[Measurement]:
     """Read measurement CSVs (or every ``*.csv`` inside a directory but a profile's ``failures.csv``), in a stable
-    order: each file once, and a row that repeats another in every column once (module docstring); ``notes`` (when
-    given) gets a line for each file read once and one for the rows dropped."""
+    order: each file once, and a row that repeats one of another file in every column once (module docstring);
+    ``notes`` (when given) gets a line for each file read once and one for the rows dropped."""
     files = measurement_files(paths)
     if not files:
         raise CalibrationError(f"no measurement CSVs found in {', '.join(map(str, paths))}; run profile or an importer")
@@ -334,16 +336,16 @@ def read_rows(paths: Sequence[Path], notes: list[str] | None = None) -> list[Mea
         seen_files.add(path.resolve())
         for line, row in _read_csv(path):
             cells = _cells(row)
-            if cells in first:
+            if cells in first and first[cells][0] != path:
                 copies.append((path, line, *first[cells]))
                 continue
-            first[cells] = (path, line)
+            first.setdefault(cells, (path, line))
             out.append(row)
     if copies and notes is not None:
         path, line, of, of_line = copies[0]
         notes.append(
-            f"dropped {len(copies)} row(s) that repeat another row in every column (counted once): {path} line "
-            f"{line}, a copy of line {of_line} of {of}" + (", ..." if len(copies) > 1 else "")
+            f"dropped {len(copies)} row(s) that repeat a row of another file in every column (counted once): {path} "
+            f"line {line}, a copy of line {of_line} of {of}" + (", ..." if len(copies) > 1 else "")
         )
     return out
 

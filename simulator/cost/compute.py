@@ -44,8 +44,8 @@ COST_CACHE_MAX = 200_000
 # Used only when neither the cluster's table nor the default table has a curve for an op class: a flat
 # efficiency per class, at or below the large-size plateaus of the measured tables that ship with clustersim
 # (hardware_profiles/calibration/: GEMM 0.75 A100, 0.7-0.8 H100; attention 0.73 A100 and 0.65 H100, taken lower
-# for the unmeasured kernels this stands in for; memory-bound 0.49 A100). The default table covers every class, so
-# this is reached only with a table that lacks one and no default table at all.
+# for the unmeasured kernels this stands in for; memory-bound 0.5, about A100's 0.49). The default table covers every
+# class, so this is reached only with a table that lacks one and no default table at all.
 FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.5}
 # Where a table has a forward attention curve but no backward one (the A100 table: FlashAttention-2's published
 # forward range), backward efficiency is forward efficiency times the same paper's ratio: the backward reaches

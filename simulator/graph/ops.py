@@ -132,7 +132,7 @@ class Op:
         """:attr:`model_flops` with causal attention at half of s², the count Megatron-LM's
         ``num_floating_point_operations`` (``seq_length / 2  # causal mask``) and Megatron-Bridge's ``flop_utils``
         log their TFLOP/s/GPU with; NeMo 2's ``flops_formulas`` and PaLM count the full s², as :attr:`model_flops`."""
-        if self.kind == "attention" and self.causal:
+        if self.causal:  # a fused kernel, or the unfused path's score and context GEMMs
             return 0.5 * self.model_flops
         return self.model_flops
 

@@ -418,6 +418,10 @@ def _attention(model: ModelSpec, b: int, s: int, kernel: str) -> tuple[list[Op],
         name="attn.scores.kgrad", kind="gemm", phase="bwd", batch=bh, m=s, n=d, k=s, tok_axis="m", tp_axis="batch"
     )
     bwd = [ctx_b1, ctx_b2] + ([dropout_b] if model.dropout else []) + [softmax_b, sc_b1, sc_b2]
+    # The score and context GEMMs compute the whole s² (the mask is applied in the softmax), but they are causal
+    # attention: Megatron-LM's model-FLOPs count halves them as it does a fused kernel's (Op.model_flops_causal).
+    fwd = [op.with_(causal=True) if op.kind == "gemm" else op for op in fwd]
+    bwd = [op.with_(causal=True) if op.kind == "gemm" else op for op in bwd]
     return fwd, bwd
 
 

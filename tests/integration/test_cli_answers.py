@@ -505,11 +505,12 @@ def test_time_to_train_is_only_given_for_a_plan_that_runs(capsys: pytest.Capture
     assert re.search(r"training on 262,144 tokens: 1 step of 262,144 tokens, [0-9.]+ m?s on 64 GPUs", out)
     from simulator.cli import _fmt_tokens
 
-    assert [_fmt_tokens(t) for t in (15e12, 15_000e12, 999.99e9, 999.999e9, 2.5e9, 1234.0)] == [
+    assert [_fmt_tokens(t) for t in (15e12, 15_000e12, 999.99e9, 999.999e9, 999999999999999, 2.5e9, 1234.0)] == [
         "15T",
         "15,000T",
         "999.99B",
         "999.999B",
+        "999.999999999999T",
         "2.5B",
         "1,234",
     ]

@@ -461,6 +461,20 @@ def test_nccl_tests_data_lines_cut_short_are_an_error_like_longer_cut_lines(
         import_nccl_tests(path)
 
 
+def test_nccl_tests_lines_of_a_job_script_are_not_data_lines(tmp_path: Path) -> None:
+    """A line that starts with a number but is no data line (a job script's echo of the GPU count or a timestamp)
+    had become a 'cut off?' error once short data lines were refused; a data line starts with a size and an element
+    count. Found by a review of this change."""
+    path = tmp_path / "all_reduce_perf.txt"
+    path.write_text("8 GPUs done\n1764000000\n" + NCCL_OUTPUT)
+    assert len(import_nccl_tests(path)) == len(import_nccl_tests(_write(tmp_path / "plain.txt", NCCL_OUTPUT)))
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
 def test_torch_profiler_drops_gemms_on_empty_operands_with_a_note(tmp_path: Path) -> None:
     """An MoE expert that received no tokens runs aten::mm on a 0×256 operand: the importer wrote a GEMM row of 0
     FLOPs, which fit then refused, failing the whole file. Such rows (and memory rows of 0 bytes) are dropped with a
@@ -532,6 +546,16 @@ def test_vidur_files_outside_a_named_gpu_folder_need_device(tmp_path: Path, kind
     ):
         load(path)
     assert {r.device for r in load(path, "A100-SXM4-80GB")} == {"A100-SXM4-80GB"}
+
+
+def test_vidur_network_folders_of_other_node_kinds_name_their_gpu(tmp_path: Path) -> None:
+    """Upstream Vidur also profiles a100_pair_nvlink, a100_pairwise_nvlink and h100_pair_nvlink nodes: refusing
+    every folder name but a100, h100, a100_dgx and h100_dgx left such a tree with no way to import (with --device
+    it is refused as holding several GPUs). The GPU is the name's first part. Found by a review of this change."""
+    path = tmp_path / "network" / "h100_pair_nvlink" / "send_recv.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text((DATA / "vidur" / "network" / "h100_dgx" / "send_recv.csv").read_text())
+    assert {r.device for r in import_vidur_network(path)} == {"H100-SXM5-80GB"}
 
 
 def test_vidur_folder_without_profiles_names_both_layouts(tmp_path: Path) -> None:

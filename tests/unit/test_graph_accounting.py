@@ -105,6 +105,9 @@ def test_causal_model_flops_are_megatron_lms_count(name: str, seq: int) -> None:
     )
     assert g.step_model_flops(causal=True) == pytest.approx(megatron, rel=1e-12)
     assert g.step_model_flops() > g.step_model_flops(causal=True)
+    # The count is analytic: the unfused path's score and context GEMMs are halved too (a review found mfu_causal
+    # equal to mfu with --attention unfused).
+    assert build_graph(m, seq, 1, "unfused").step_model_flops(causal=True) == pytest.approx(megatron, rel=1e-12)
 
 
 def test_graph_parameters_equal_the_spec() -> None:

@@ -675,12 +675,12 @@ def test_a_cluster_yaml_named_by_a_row_is_found_next_to_the_csv(
         (
             {"precision": "fp8", "cluster": "dgx-a100-80g"},
             "precision",
-            "precision fp8 needs FP8 tensor cores; A100-SXM4-80GB has none (use bf16 or fp16)",
+            "fp8 needs FP8 tensor cores; A100-SXM4-80GB has none (use bf16 or fp16)",
         ),
         (
             {"precision": "bf16", "cluster": "dgx-v100"},
             "precision",
-            "precision bf16 needs BF16 tensor cores; V100-SXM2-32GB has none (use fp16)",
+            "bf16 needs BF16 tensor cores; V100-SXM2-32GB has none (use fp16)",
         ),
     ],
 )

@@ -138,9 +138,10 @@ def import_nccl_tests(
                 run.detected = _collective_from(m.group(1))
             continue
         tokens = stripped.split()
-        # Any line that starts with a size is a data line, also one cut short (a run killed while printing it):
-        # _run_rows refuses it rather than dropping it without a word.
-        if re.fullmatch(r"[-+]?\d+", tokens[0]):
+        # A line that starts with a size and an element count is a data line, also one cut short (a run killed while
+        # printing it): _run_rows refuses it rather than dropping it without a word. Other lines ('8 GPUs done', a
+        # timestamp a job script echoed) are not nccl-tests output and are skipped, as before.
+        if re.fullmatch(r"[-+]?\d+", tokens[0]) and len(tokens) > 1 and re.fullmatch(r"[-+]?\d+", tokens[1]):
             run.data.append((lineno, tokens))
     if not any(r.data for r in runs) and not utf8:
         raise not_utf8_error(path, raw, "nccl-tests output")

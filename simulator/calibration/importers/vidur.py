@@ -119,6 +119,9 @@ def _device(path: Path, folder: str, device: str | None) -> str:
         return device
     if folder in DEVICES:
         return DEVICES[folder]
+    for prefix in ("a100_", "h100_"):  # upstream's other network folders: a100_pair_nvlink, h100_pair_nvlink...
+        if folder.startswith(prefix):
+            return DEVICES[prefix[:-1]]
     names = ", ".join(sorted(DEVICES))
     raise CalibrationError(
         f"{path}: cannot tell the GPU from the folder name {folder!r} (Vidur names its folders {names}); pass "

@@ -778,6 +778,7 @@ def _graph_dot(g: Any) -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from simulator.parallel.layout import batch_split_problem
     from simulator.specs._yaml import load_yaml_file
     from simulator.specs.calibration import CalibrationTable
     from simulator.specs.hardware import ClusterSpec, DeviceSpec
@@ -834,24 +835,20 @@ def _cmd_check(args: argparse.Namespace) -> int:
                     plan = PlanSpec.from_mapping(merged, where)
                     if left:
                         kind += "; left to the command line: " + ", ".join(left)
-                    elif problem := _batch_split_problem(plan):
+                    elif split := batch_split_problem(plan.global_batch, plan.dp, plan.micro_batch):
+                        # resolve_layout's rule, which simulate answers as a plan that cannot run
                         cannot_run += 1
-                        print(f"infeasible: {path}: the plan cannot run: {problem}", file=sys.stderr)
+                        print(
+                            f"infeasible: {path}: the plan cannot run: global_batch {split}; fix global_batch, dp or "
+                            "micro_batch",
+                            file=sys.stderr,
+                        )
                         continue
             print(f"ok: {path} ({kind})")
         except SpecError as err:
             failures += 1
             print(f"error: {err}", file=sys.stderr)
     return EXIT_BAD_INPUT if failures else EXIT_INFEASIBLE if cannot_run else EXIT_OK
-
-
-def _batch_split_problem(plan: PlanSpec) -> str | None:
-    """Why a plan's global batch cannot be split over its data-parallel replicas (``resolve_layout``'s rule, which
-    ``simulate`` answers as a plan that cannot run), or None."""
-    from simulator.parallel.layout import batch_split_problem
-
-    split = batch_split_problem(plan.global_batch, plan.dp, plan.micro_batch)
-    return split and f"global_batch {split}; fix global_batch, dp or micro_batch"
 
 
 def _guess_kind(data: Any, path: Path) -> str:

@@ -493,10 +493,7 @@ def builtin_architecture(model: ModelSpec) -> tuple[ModelSpec, str | None]:
     same_shape = all(getattr(ref, f) == getattr(model, f) for f in _SHAPE_FIELDS)
     if not same_shape or (ref.moe is None) != (model.moe is None):
         return model, None
-    facts = {f: getattr(ref, f) for f in _ARCHITECTURE_FACTS}
-    if all(getattr(model, f) == v for f, v in facts.items()):
-        return model, f"models/{name}.yaml"
-    return replace(model, **facts), f"models/{name}.yaml"
+    return replace(model, **{f: getattr(ref, f) for f in _ARCHITECTURE_FACTS}), f"models/{name}.yaml"
 
 
 # Plan columns the contract requires: an empty cell is a gap in the row, not a knob left free.

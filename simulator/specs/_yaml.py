@@ -44,20 +44,15 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
-# Integers as YAML 1.2 reads them. YAML 1.1, PyYAML's default, reads a leading zero as octal and colons as base 60,
-# so `layers: 010` was 8 and `1:30` 90, silently, while `--global-batch 010` means 10. Decimal digits are decimal
-# here (leading zeros allowed), 0x/0o/0b prefixed ones hexadecimal, octal and binary; "1:30" stays a string, which
-# the field readers refuse with the key's name.
+# Numbers as YAML 1.2 reads them. YAML 1.1, PyYAML's default, reads a leading zero as octal and colons as base 60,
+# so `layers: 010` was 8, `1:30` 90 and `1:10.5` 70.5, silently, while `--global-batch 010` means 10. Decimal digits
+# are decimal here (leading zeros allowed), 0x/0o/0b prefixed ones hexadecimal, octal and binary; a float is
+# PyYAML's pattern without its base-60 form; "1:30" stays a string, which the field readers refuse with the key.
 _INT_TAG = "tag:yaml.org,2002:int"
-_StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _INT_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-# Floats alike: YAML 1.1's base-60 form (1:10.5, read as 70.5) is left out of PyYAML's float pattern.
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _FLOAT_TAG]
-    for first, resolvers in _StrictLoader.yaml_implicit_resolvers.items()
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _StrictLoader.add_implicit_resolver(
     _FLOAT_TAG,

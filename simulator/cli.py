@@ -169,18 +169,24 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _mapping_file(path: Path, what: str, example: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (a plan, a grid)."""
+    from simulator.specs._yaml import load_yaml_file
+
+    raw = load_yaml_file(path)
+    if not isinstance(raw, dict):
+        raise SpecError(str(path), f"must be a mapping of {what} keys", f"write '{example}' lines")
+    return raw
+
+
 def _plan_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
     from simulator.specs._fields import Fields
-    from simulator.specs._yaml import load_yaml_file
     from simulator.specs.plan import PlanSpec
 
     data: dict[str, Any] = {}
     where = "command line"
     if args.plan is not None:
-        raw = load_yaml_file(args.plan)
-        if not isinstance(raw, dict):
-            raise SpecError(str(args.plan), "must be a mapping of plan keys", "write 'tp: 8' lines")
-        data.update(raw)
+        data.update(_mapping_file(args.plan, "plan", "tp: 8"))
         where = f"{args.plan} + command line"
     # Every plan field has its flag (--tp, --zero-stage...) but the what-if factors expert_imbalance and
     # straggler_factor, set with --set plan.KEY=VALUE.
@@ -905,6 +911,215 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# How `clustersim sweep` ranks what fits: the column and whether smaller is better.
+_RANK_BY = {
+    "step_time": ("step_time_s", True),
+    "throughput_per_gpu": ("tokens_per_s_per_gpu", False),
+    "mfu": ("mfu", False),
+    "memory": ("peak_memory_bytes", True),
+}
+# The most reasons of each kind a sweep's table lists (the rest are in --out / --format csv).
+_SWEEP_REASONS_SHOWN = 5
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    """The plan options of `simulate`, each taking a comma-separated list of values (one axis of the grid)."""
+    scratch = argparse.ArgumentParser(add_help=False)
+    _add_plan_options(scratch)
+    g = p.add_argument_group(
+        "grid axes (each a value or comma-separated values: --tp 4,8; 'auto' leaves a free knob to the search)"
+    )
+    for action in scratch._actions:
+        flag = next((o for o in action.option_strings if o.startswith("--")), None)
+        if flag is None or action.dest in ("plan", "set", "help"):
+            continue
+        on_off = isinstance(action, argparse.BooleanOptionalAction)
+        text = ("true,false or one of them: " if on_off else "") + (action.help or "")
+        g.add_argument(flag, dest=action.dest, metavar="V[,V...]", help=text)
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SCOPE.KEY=V[,V...]",
+        help="what-if axis over a key of the model, cluster, device or plan (repeatable), e.g. "
+        "cluster.nic_bandwidth_gbit_per_s=200,400; each value is a labelled column of the rows",
+    )
+
+
+def _list_option(text: str, where: str) -> list[Any]:
+    """A comma-separated option value as a list of YAML scalars (4 a number, true a boolean, auto text); a value
+    that is one YAML list ([4, 8]) is read whole."""
+    from simulator.specs._yaml import load_yaml_text
+
+    if text.strip().startswith("["):
+        value = load_yaml_text(text, where)
+        if not isinstance(value, list):
+            raise SpecError(where, f"is not a list: {text!r}", "write values separated by commas: 4,8")
+        return value
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise SpecError(where, f"has an empty value in {text!r}", "write values separated by commas: 4,8")
+    return [load_yaml_text(item, where) for item in items]
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    import os
+    import time
+
+    from simulator.sweep import cases_from_mapping, sweep
+
+    data: dict[str, Any] = {}
+    where = "command line"
+    if args.grid is not None:
+        data.update(_mapping_file(args.grid, "grid", "model: gpt3-175b"))
+        where = f"{args.grid} + command line" if any(_given_axes(args)) else str(args.grid)
+    for key, flag, text in _given_axes(args):
+        data[key] = _list_option(text, flag)
+    sets = dict(data.get("set") or {}) if isinstance(data.get("set"), dict) else data.get("set")
+    for item in args.set:
+        dotted, sep, value = item.partition("=")
+        if not sep or "." not in dotted or not dotted.strip():
+            raise SpecError(
+                f"--set {item}", "must look like scope.key=value[,value...]", "e.g. --set cluster.nics_per_node=4,8"
+            )
+        if not isinstance(sets, dict):
+            break  # the grid file's own 'set' is not a mapping: cases_from_mapping says so
+        sets[dotted.strip()] = _list_option(value, f"--set {dotted.strip()}") if value.strip() else [None]
+    if sets:
+        data["set"] = sets
+    for key in ("model", "cluster", "global_batch"):
+        if data.get(key) is None:
+            flag = "--" + key.replace("_", "-")
+            raise SpecError(flag, "is required (on the command line or in the grid file)", f"give {flag}")
+    cases = cases_from_mapping(data, where)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = args.workers if args.workers is not None else max(1, min(cpus, len(cases) // 8))
+    if workers < 1:
+        raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
+    show = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            print(f"\rsweep: {done:,}/{total:,} cases", end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    try:
+        frame = sweep(
+            cases, workers=workers, scheduler=args.scheduler, out=args.out, time_oom=args.time_oom, progress=progress
+        )
+    except KeyboardInterrupt:
+        kept = f"; finished rows are kept in {args.out}.journal and reused by the same command" if args.out else ""
+        print(f"\ninterrupted{kept}", file=sys.stderr)
+        return 130
+    elapsed = time.perf_counter() - start
+    counts = {
+        status: int((frame["status"] == status).sum()) for status in ("ok", "out_of_memory", "cannot_run", "invalid")
+    }
+    column, ascending = _RANK_BY[args.rank_by]
+    fitting = frame[frame["status"] == "ok"].sort_values([column, "case"], ascending=[ascending, True], kind="stable")
+    if args.format == "csv":
+        sys.stdout.write(frame.to_csv(index=False, lineterminator="\n"))
+    elif args.format == "json":
+        summary = {
+            "cases": len(frame),
+            **counts,
+            "ranked_by": column,
+            "best_case": None if fitting.empty else int(fitting.iloc[0]["case"]),
+        }
+        rows = [_json_safe(row) for row in frame.to_dict("records")]
+        print(json.dumps({"summary": summary, "rows": rows}, indent=2))
+    else:
+        print(_sweep_table(frame, fitting, counts, elapsed, workers, args.top, args.rank_by))
+    if args.out is not None and args.format == "table":
+        print(f"wrote {len(frame):,} rows to {args.out}")
+    return EXIT_OK if counts["ok"] else EXIT_INFEASIBLE
+
+
+def _given_axes(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(key, flag, text) of every grid axis given on the command line."""
+    from simulator.specs.plan import PlanSpec
+
+    out = []
+    for key in ("model", "cluster", "gpus", *PlanSpec.field_names()):
+        text = getattr(args, key, None)
+        if text is not None:
+            flag = "--zero" if key == "zero_stage" else "--" + key.replace("_", "-")
+            out.append((key, flag, text))
+    return out
+
+
+# Short headings of the plan columns a sweep's table shows.
+_SWEEP_HEADINGS = {
+    "micro_batch": "mb",
+    "zero_stage": "zero",
+    "recompute_layers": "layers",
+    "grad_overlap": "overlap",
+    "sequence_parallel": "sp",
+    "global_batch": "batch",
+}
+
+
+def _sweep_table(
+    frame: Any, fitting: Any, counts: dict[str, int], elapsed: float, workers: int, top: int, rank_by: str
+) -> str:
+    from simulator.specs.plan import PlanSpec
+
+    total = len(frame)
+    ran = f"{workers} workers" if workers > 1 else "in this process"
+    lines = [
+        f"sweep: {total:,} case{'s' if total != 1 else ''} in {fmt_seconds(elapsed)} ({ran}): {counts['ok']:,} fit, "
+        f"{counts['out_of_memory']:,} out of memory, {counts['cannot_run']:,} cannot run, {counts['invalid']:,} invalid"
+    ]
+    if not fitting.empty:
+        shown = fitting.head(top)
+        lines.append(f"best {len(shown)} of {len(fitting):,} that fit, by {rank_by.replace('_', ' ')}:")
+        # The degrees always, and whatever else differs between the cases: what a reader compares.
+        varied = {c for c in frame.columns if frame[c].astype(str).nunique() > 1}
+        labels = list(frame.columns[1 : frame.columns.get_loc("status")])
+        head = [("case", "case")]
+        head += [(c, h) for c, h in (("model", "model"), ("cluster", "cluster"), ("num_gpus", "gpus")) if c in varied]
+        head += [(c, c.removeprefix("set.")) for c in labels]
+        for knob in PlanSpec.field_names():
+            column = f"plan.{knob}"
+            if knob in ("tp", "pp", "dp") or column in varied:
+                head.append((column, _SWEEP_HEADINGS.get(knob, knob)))
+        table = [["rank", *(h for _, h in head), "step time", "MFU", "tokens/s/GPU", "peak memory"]]
+        for rank, (_, row) in enumerate(shown.iterrows(), start=1):
+            cells = [str(rank), *(_sweep_cell(row[c]) for c, _ in head)]
+            cells += [
+                fmt_seconds(row["step_time_s"]),
+                f"{row['mfu'] * 100:.1f}%",
+                f"{row['tokens_per_s_per_gpu']:,.0f}",
+                f"{row['peak_memory_bytes'] / GIB:.1f} GiB",
+            ]
+            table.append(cells)
+        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+        lines += ["  " + "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in table]
+    for status, title in (("cannot_run", "cannot run"), ("invalid", "invalid")):
+        reasons = frame.loc[frame["status"] == status, "reason"].value_counts(sort=True)
+        if reasons.empty:
+            continue
+        lines.append(f"{title}:")
+        lines += [f"  {n:,} × {reason}" for reason, n in list(reasons.items())[:_SWEEP_REASONS_SHOWN]]
+        if len(reasons) > _SWEEP_REASONS_SHOWN:
+            lines.append(
+                f"  and {len(reasons) - _SWEEP_REASONS_SHOWN:,} more reasons (--out or --format csv has every row)"
+            )
+    if counts["out_of_memory"] and not counts["ok"]:
+        closest = frame[frame["status"] == "out_of_memory"].sort_values(["over_bytes", "case"], kind="stable").iloc[0]
+        lines.append(f"nothing fits; the closest is case {int(closest['case'])}: {closest['reason']}")
+    return "\n".join(lines)
+
+
+def _sweep_cell(value: Any) -> str:
+    """A table cell: knobs as the YAML files spell them, a missing value as '-'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))  # a column with gaps holds its whole numbers as floats
+    return fmt_knob(value, "-") if isinstance(value, bool) else str(value)
+
+
 def _build_parser() -> _Parser:
     from simulator.specs.plan import ATTENTION
 
@@ -977,6 +1192,50 @@ def _build_parser() -> _Parser:
     val.add_argument("--no-stacks", action="store_true", help="ignore software stack annotations")
     val.set_defaults(func=_cmd_validate)
 
+    sw = sub.add_parser(
+        "sweep",
+        help="simulate every combination of models, clusters and layouts; rank what fits",
+        description="Simulate a grid of cases (every combination of the values given) and rank those that fit. "
+        "Axes come from a grid YAML file, the options below, or both (options override the file's keys).",
+    )
+    sw.add_argument(
+        "grid", nargs="?", type=Path, help="grid YAML: model, cluster, gpus, plan keys and set, each a value or list"
+    )
+    sw.add_argument("--model", help="built-in model names, model YAMLs or HF config.json files, comma-separated")
+    sw.add_argument("--cluster", help="built-in cluster names or cluster YAMLs, comma-separated")
+    _add_sweep_options(sw)
+    sw.add_argument(
+        "--workers",
+        type=int,
+        help="local worker processes (default: the CPUs, fewer for small sweeps; 1 runs in-process)",
+    )
+    sw.add_argument(
+        "--dask-scheduler",
+        dest="scheduler",
+        metavar="ADDRESS",
+        help="run the cases on the Dask cluster of this scheduler (tcp://host:8786; the 'dask' extra)",
+    )
+    sw.add_argument(
+        "--out", type=Path, help="write every row here (.csv, .parquet or .json); a killed sweep rerun resumes from it"
+    )
+    sw.add_argument(
+        "--format", choices=("table", "csv", "json"), default="table", help="table (default), csv or json (every row)"
+    )
+    sw.add_argument("--top", type=int, default=10, help="rows of the ranking the table shows (default 10)")
+    sw.add_argument(
+        "--rank-by",
+        choices=tuple(_RANK_BY),
+        default="step_time",
+        help="how the table ranks what fits (default step_time)",
+    )
+    sw.add_argument(
+        "--time-oom",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time plans that do not fit too (default); --no-time-oom answers them from memory alone, faster",
+    )
+    sw.set_defaults(func=_cmd_sweep)
+
     from simulator.calibration.cli import add_calibrate_parser
 
     add_calibrate_parser(sub)
@@ -986,7 +1245,14 @@ def _build_parser() -> _Parser:
 # The options that name files a command writes, and those that name files it reads (a built-in name such as
 # gpt3-175b is no file and is skipped).
 _OUTPUT_OPTIONS = {"out": "--out", "trace": "--trace", "device_out": "--device-out"}
-_INPUT_OPTIONS = ("model", "cluster", "plan", "stacks", "paths")  # validate's CSV (`file`) has a check of its own
+_INPUT_OPTIONS = (
+    "model",
+    "cluster",
+    "plan",
+    "stacks",
+    "paths",
+    "grid",
+)  # validate's CSV (`file`) has a check of its own
 
 
 def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:

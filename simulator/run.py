@@ -49,7 +49,7 @@ from simulator.specs.model import ModelSpec
 from simulator.specs.plan import FREE_KNOBS, PlanSpec
 from simulator.units import fmt_bytes
 
-__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "infeasible_result", "simulate"]
+__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "infeasible_result", "row_columns", "simulate"]
 
 # Slowdown of compute kernels that run while NCCL kernels share the GPU (SMs and HBM taken by the collective);
 # used when the cluster's calibration table has no measured value. source: average computational slowdown
@@ -199,21 +199,7 @@ class StepResult:
         d = self.to_dict()
         row: dict[str, Any] = {k: d[k] for k in ("model", "cluster", "num_gpus", "feasible", "reason")}
         row.update({f"plan.{k}": v for k, v in d["plan"].items()})
-        for key in (
-            "step_time_s",
-            "tokens_per_s",
-            "tokens_per_s_per_gpu",
-            "model_flops",
-            "hardware_flops",
-            "model_tflops_per_gpu",
-            "mfu",
-            "hfu",
-            "model_flops_causal",
-            "mfu_causal",
-            "peak_tflops_per_gpu",
-            "launch_overhead_us",
-            "critical_stage",
-        ):
+        for key in ROW_FIGURES:
             row[key] = d[key]
         row.update({key: d["breakdown"].get(key) for key in BREAKDOWN_KEYS})  # None where a plan has no times
         row["peak_memory_bytes"] = d["peak_memory_bytes"]
@@ -272,6 +258,45 @@ BREAKDOWN_KEYS = (
     "optimizer_s",
 )
 CHOSEN_KEYS = (*FREE_KNOBS, "recompute_layers", "expert_tp")
+# The figures of a result a row carries, between its plan and its breakdown.
+ROW_FIGURES = (
+    "step_time_s",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "model_flops",
+    "hardware_flops",
+    "model_tflops_per_gpu",
+    "mfu",
+    "hfu",
+    "model_flops_causal",
+    "mfu_causal",
+    "peak_tflops_per_gpu",
+    "launch_overhead_us",
+    "critical_stage",
+)
+
+
+def row_columns() -> tuple[str, ...]:
+    """The columns of :meth:`StepResult.to_row`, the same for every result, in its order.
+
+    >>> row_columns()[:6]
+    ('model', 'cluster', 'num_gpus', 'feasible', 'reason', 'plan.tp')
+    """
+    return (
+        "model",
+        "cluster",
+        "num_gpus",
+        "feasible",
+        "reason",
+        *(f"plan.{k}" for k in PlanSpec.field_names()),
+        *ROW_FIGURES,
+        *BREAKDOWN_KEYS,
+        "peak_memory_bytes",
+        "over_bytes",
+        *(f"chosen.{k}" for k in CHOSEN_KEYS),
+        "uncalibrated_ops",
+        "calibration",
+    )
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -432,6 +457,45 @@ def _gc_paused() -> Iterator[None]:
 def _simulate(
     model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, record: bool, time_oom: bool = True
 ) -> StepResult:
+    model, plan = _normalised(model, cluster, plan)
+    if not plan.free_knobs:
+        return _run(model, cluster, plan, record, {}, time_oom)
+    # Every candidate is prepared (memory, durations) first, which is cheap; the engine then runs them in
+    # the order of a lower bound on their step time and skips those whose bound cannot beat the fastest
+    # found so far. The choice is the same as running every candidate (ties go to the earlier candidate).
+    prepared, fallback = _search(model, cluster, plan)
+    finished: list[tuple[int, StepResult]] = []
+    fastest = math.inf
+    for bound, index, ready in prepared:
+        if bound > fastest * (1.0 + BOUND_SLACK):
+            break
+        result = _finish(model, cluster, ready)
+        finished.append((index, result))
+        fastest = min(fastest, result.step_time_s)
+    best = _pick(finished)
+    chosen = best or fallback
+    if chosen is None:
+        raise InfeasiblePlanError(_structural_error(model, cluster, plan))
+    if chosen is fallback:
+        # Nothing fits: answer as for a fixed plan that does not fit (the engine still times the step, and
+        # ``reason`` says which stage is over by how much), so that recording a trace cannot change the answer.
+        return _run(model, cluster, chosen.plan, record, chosen.chosen, time_oom)
+    if record:
+        chosen = _run(model, cluster, chosen.plan, True, chosen.chosen)
+    return chosen
+
+
+def _normalised(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> tuple[ModelSpec, PlanSpec]:
+    """The model and plan as the step runs them: the model's sequence length where the plan has none, the vocabulary
+    padded as Megatron-LM builds it; with the checks every candidate shares.
+
+    Raises
+    ------
+    SpecError
+        When a knob counts layers beyond the model.
+    InfeasiblePlanError
+        When the GPU has no tensor cores for the precision.
+    """
     seq_len = plan.seq_len or model.seq_len
     plan = replace(plan, seq_len=seq_len)
     vocab = plan.padded_vocab(model.vocab)
@@ -440,11 +504,16 @@ def _simulate(
         model = replace(model, vocab=vocab)
     plan.check_model_layers(model.layers)  # knobs that count layers: a typo beyond the model is bad input
     _check_precision(cluster, plan)  # once, before any candidate: they all share the precision
-    if not plan.free_knobs:
-        return _run(model, cluster, plan, record, {}, time_oom)
-    # Every candidate is prepared (memory, durations) first, which is cheap; the engine then runs them in
-    # the order of a lower bound on their step time and skips those whose bound cannot beat the fastest
-    # found so far. The choice is the same as running every candidate (ties go to the earlier candidate).
+    return model, plan
+
+
+def _search(
+    model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec
+) -> tuple[list[tuple[float, int, _Prepared]], StepResult | None]:
+    """The free-knob search before the engine: every candidate that fits, prepared, with a lower bound on its step,
+    sorted by (bound, candidate index); and, for when none fits, the candidate that is least over memory (a
+    memory-only answer), None where no candidate is a runnable plan. ``model`` and ``plan`` are
+    :func:`_normalised`."""
     prepared: list[tuple[float, int, _Prepared]] = []
     fallback: StepResult | None = None
     # Memory does not depend on grad_overlap, so the candidates that differ only in it need the same
@@ -469,28 +538,17 @@ def _simulate(
                     prepared.append((lower_bound(more.pipe), index, more))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
             fallback = got
-    finished: list[tuple[int, StepResult]] = []
-    fastest = math.inf
-    for bound, index, ready in sorted(prepared, key=lambda item: (item[0], item[1])):
-        if bound > fastest * (1.0 + BOUND_SLACK):
-            break
-        result = _finish(model, cluster, ready)
-        finished.append((index, result))
-        fastest = min(fastest, result.step_time_s)
+    prepared.sort(key=lambda item: (item[0], item[1]))
+    return prepared, fallback
+
+
+def _pick(finished: list[tuple[int, StepResult]]) -> StepResult | None:
+    """The fastest of a search's timed candidates; a tie (within a picosecond) goes to the earlier candidate."""
     best: StepResult | None = None
     for _, result in sorted(finished, key=lambda item: item[0]):
         if best is None or result.step_time_s < best.step_time_s - 1e-12:
             best = result
-    chosen = best or fallback
-    if chosen is None:
-        raise InfeasiblePlanError(_structural_error(model, cluster, plan))
-    if chosen is fallback:
-        # Nothing fits: answer as for a fixed plan that does not fit (the engine still times the step, and
-        # ``reason`` says which stage is over by how much), so that recording a trace cannot change the answer.
-        return _run(model, cluster, chosen.plan, record, chosen.chosen, time_oom)
-    if record:
-        chosen = _run(model, cluster, chosen.plan, True, chosen.chosen)
-    return chosen
+    return best
 
 
 def _check_precision(cluster: ClusterSpec, plan: PlanSpec) -> None:

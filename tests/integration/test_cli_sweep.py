@@ -1,0 +1,125 @@
+"""`clustersim sweep`: a grid from options or a YAML file, ranked in a table, every row in CSV or JSON, exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+
+BASE = ["sweep", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "32"]
+FIXED = ["--micro-batch", "1", "--recompute", "full", "--vp", "1", "--grad-overlap", "true"]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_table_ranks_what_fits_and_lists_what_does_not(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*BASE, "--tp", "1,2,3,4", "--pp", "1,2", *FIXED, "--workers", "1"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("sweep: 8 cases in ")
+    assert "2 invalid" in lines[0]
+    assert lines[1].startswith("best ")
+    assert "by step time" in lines[1]
+    header = lines[2].split()
+    assert header[:5] == ["rank", "case", "tp", "pp", "dp"]
+    ranked = lines[3 : lines.index("invalid:")]
+    assert len(ranked) == 5
+    times = [float(line.split()[header.index("step")]) for line in ranked]
+    assert times == sorted(times)
+    assert "invalid:" in out
+    assert "1 × gpus 16 is not a multiple of tp·pp·cp = 3·2·1" in out
+
+
+def test_csv_has_every_case_in_order(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*BASE, "--tp", "2,4", *FIXED, "--format", "csv", "--workers", "1"], capsys)
+    assert code == 0
+    frame = pd.read_csv(io.StringIO(out))
+    assert list(frame["case"]) == [0, 1]
+    assert list(frame["plan.tp"]) == [2, 4]
+    assert list(frame["plan.dp"]) == [8, 4]
+
+
+def test_json_summary_names_the_best_case(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*BASE, "--tp", "2,4", *FIXED, "--format", "json", "--rank-by", "mfu"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert data["summary"]["cases"] == 2
+    assert data["summary"]["ranked_by"] == "mfu"
+    best = max(data["rows"], key=lambda r: r["mfu"])
+    assert data["summary"]["best_case"] == best["case"]
+
+
+def test_grid_file_with_what_if_axis_and_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        "model: llama3-8b\ncluster: dgx-h100\ngpus: 32\nglobal_batch: 64\ntp: [4]\npp: [2]\nmicro_batch: 1\n"
+        "recompute: full\nvp: 1\ngrad_overlap: true\nset:\n  cluster.nic_bandwidth_gbit_per_s: [100, 400]\n"
+    )
+    out = tmp_path / "rows.csv"
+    code, text, _ = run(["sweep", str(grid), "--out", str(out), "--workers", "1"], capsys)
+    assert code == 0
+    assert "cluster.nic_bandwidth_gbit_per_s" in text
+    assert f"wrote 2 rows to {out}" in text
+    frame = pd.read_csv(out)
+    assert list(frame["set.cluster.nic_bandwidth_gbit_per_s"]) == [100, 400]
+    slow, fast = frame["step_time_s"]
+    assert fast <= slow  # a faster network never slows the step
+
+
+def test_options_override_the_grid_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("model: llama3-8b\ncluster: dgx-h100\ngpus: 16\nglobal_batch: 32\ntp: [1, 2, 4, 8]\n")
+    code, out, _ = run(["sweep", str(grid), "--tp", "2", *FIXED, "--format", "csv"], capsys)
+    assert code == 0
+    assert list(pd.read_csv(io.StringIO(out))["plan.tp"]) == [2]
+
+
+def test_nothing_fits_exits_3_and_names_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sweep", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"]
+    code, out, _ = run([*argv, "--tp", "1,2", *FIXED, "--workers", "1"], capsys)
+    assert code == 3
+    assert "0 fit, 2 out of memory" in out
+    assert "nothing fits; the closest is case 1: out of memory" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tp", "2,x"], "tp: must be a whole number"),
+        (["--tp", "2,,4"], "--tp: has an empty value"),
+        (["--set", "cluster.nics_per_node"], "must look like scope.key=value"),
+        (["--zero", "5"], "zero_stage: must be <= 3"),
+        (["--workers", "0"], "--workers: must be >= 1"),
+        (["--out", "rows.txt"], "has no known format"),
+        (["--model", "llama3-8"], "llama3-8"),
+    ],
+)
+def test_bad_input_exits_2(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([*BASE, *extra], capsys)
+    assert code == 2
+    assert err.startswith("error: ")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_missing_required_axes_are_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["sweep", "--model", "llama3-8b", "--cluster", "dgx-h100"], capsys)
+    assert code == 2
+    assert "--global-batch: is required" in err
+
+
+def test_the_grid_file_is_never_the_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    grid = tmp_path / "grid.csv"
+    grid.write_text("model: llama3-8b\n")
+    code, _, err = run(["sweep", str(grid), "--out", str(grid)], capsys)
+    assert code == 2
+    assert "is an input of this command" in err

@@ -993,7 +993,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             raise SpecError(flag, "is required (on the command line or in the grid file)", f"give {flag}")
     cases = cases_from_mapping(data, where)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = args.workers if args.workers is not None else max(1, min(cpus, len(cases) // 8))
+    workers = args.workers if args.workers is not None else max(1, min(cpus, len(cases)))
     if workers < 1:
         raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
     show = sys.stderr.isatty()
@@ -1083,18 +1083,7 @@ def _sweep_table(
             column = f"plan.{knob}"
             if knob in ("tp", "pp", "dp") or column in varied:
                 head.append((column, _SWEEP_HEADINGS.get(knob, knob)))
-        table = [["rank", *(h for _, h in head), "step time", "MFU", "tokens/s/GPU", "peak memory"]]
-        for rank, (_, row) in enumerate(shown.iterrows(), start=1):
-            cells = [str(rank), *(_sweep_cell(row[c]) for c, _ in head)]
-            cells += [
-                fmt_seconds(row["step_time_s"]),
-                f"{row['mfu'] * 100:.1f}%",
-                f"{row['tokens_per_s_per_gpu']:,.0f}",
-                f"{row['peak_memory_bytes'] / GIB:.1f} GiB",
-            ]
-            table.append(cells)
-        widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-        lines += ["  " + "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in table]
+        lines += _ranking(shown, head)
     for status, title in (("cannot_run", "cannot run"), ("invalid", "invalid")):
         reasons = frame.loc[frame["status"] == status, "reason"].value_counts(sort=True)
         if reasons.empty:
@@ -1111,6 +1100,22 @@ def _sweep_table(
     return "\n".join(lines)
 
 
+def _ranking(rows: Any, head: list[tuple[str, str]]) -> list[str]:
+    """Table lines of ranked result rows (a DataFrame of ``to_row`` columns): the ``head`` columns, then the figures."""
+    table = [["rank", *(h for _, h in head), "step time", "MFU", "tokens/s/GPU", "peak memory"]]
+    for rank, (_, row) in enumerate(rows.iterrows(), start=1):
+        cells = [str(rank), *(_sweep_cell(row[c]) for c, _ in head)]
+        cells += [
+            fmt_seconds(row["step_time_s"]),
+            f"{row['mfu'] * 100:.1f}%",
+            f"{row['tokens_per_s_per_gpu']:,.0f}",
+            f"{row['peak_memory_bytes'] / GIB:.1f} GiB",
+        ]
+        table.append(cells)
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    return ["  " + "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in table]
+
+
 def _sweep_cell(value: Any) -> str:
     """A table cell: knobs as the YAML files spell them, a missing value as '-'."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -1118,6 +1123,132 @@ def _sweep_cell(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))  # a column with gaps holds its whole numbers as floats
     return fmt_knob(value, "-") if isinstance(value, bool) else str(value)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import os
+    import shlex
+    import time
+
+    from simulator.search.layouts import SEARCHED, axes_of
+    from simulator.search.planner import autoplan
+    from simulator.specs._fields import Fields
+    from simulator.specs.library import load_cluster, load_model, parse_overrides
+    from simulator.specs.plan import AUTO, PlanSpec
+    from simulator.sweep import output_path, write_frame
+
+    for item in args.set:
+        if "," in item.partition("=")[2] and not item.partition("=")[2].strip().startswith("["):
+            raise SpecError(
+                f"--set {item}", "takes one value in plan", "sweep several values with clustersim sweep --set"
+            )
+    overrides = parse_overrides(args.set)
+    model = load_model(args.model, overrides.get("model"))
+    cluster = load_cluster(args.cluster, overrides.get("cluster"), overrides.get("device"))
+    out = output_path(args.out)
+    searched: dict[str, list[Any]] = {}
+    fixed: dict[str, Any] = dict(overrides.get("plan", {}))
+    given: list[str] = []  # the fixed plan flags as given, for the command that reproduces the best layout
+    gpus = batch = None
+    for key, flag, text in _given_axes(args):
+        if key in ("model", "cluster"):
+            continue
+        values = _list_option(text, flag)
+        for value in values:
+            if key == "gpus":
+                Fields({"gpus": value}, flag).integer("gpus", None, minimum=1)
+            else:
+                PlanSpec.check_value(key, value, flag)
+        if key in SEARCHED:
+            searched[key] = values
+            continue
+        if len(values) != 1:
+            raise SpecError(
+                flag, f"takes one value in plan, got {text!r}", "sweep several values with clustersim sweep"
+            )
+        if key == "dp":
+            raise SpecError("--dp", "is what the planner derives from --gpus and the other degrees", "leave --dp out")
+        value = values[0]
+        if key == "gpus":
+            gpus = value
+        elif key == "global_batch":
+            batch = value
+        elif not (isinstance(value, str) and value.strip().lower() in AUTO):  # 'auto' leaves a free knob free
+            fixed[key] = value
+            given += [flag, text]
+    if gpus is None or batch is None:
+        flag = "--gpus" if gpus is None else "--global-batch"
+        raise SpecError(flag, "is required", f"give {flag}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = args.workers if args.workers is not None else cpus
+    if workers < 1:
+        raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
+    start = time.perf_counter()
+    try:
+        found = autoplan(
+            model, cluster, gpus, batch, top=args.top, workers=workers, max_tp=args.max_tp, **searched, **fixed
+        )
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    elapsed = time.perf_counter() - start
+    frame = found.to_frame(model, cluster)
+    if out is not None:
+        write_frame(frame, out)
+    counts = found.counts()
+    best = found.best
+    if args.format == "csv":
+        sys.stdout.write(frame.to_csv(index=False, lineterminator="\n"))
+    elif args.format == "json":
+        summary = {"layouts": len(found.layouts), **counts, "searched": axes_of(found.layouts), "top": args.top}
+        data = {"summary": summary, "best": [r.to_dict() for r in best], "layouts": frame.to_dict("records")}
+        print(json.dumps(_json_safe(data), indent=2))
+    else:
+        seq = fixed.get("seq_len") or model.seq_len
+        ran = f"{workers} workers" if workers > 1 else "in this process"
+        axes = " · ".join(
+            f"{_SWEEP_HEADINGS.get(k, k)} {','.join(map(str, v))}" for k, v in axes_of(found.layouts).items()
+        )
+        lines = [
+            f"autoplan: {model.name} on {cluster.name}, {gpus:,} GPUs, global batch {batch:,} × {seq:,} tokens, "
+            f"{fixed.get('precision', 'bf16')}",
+            f"searched {len(found.layouts):,} layouts ({axes}) in {fmt_seconds(elapsed)} ({ran}): {counts['ok']:,} "
+            f"timed, {counts['pruned']:,} ruled out by a lower bound, {counts['out_of_memory']:,} out of memory, "
+            f"{counts['cannot_run']:,} cannot run",
+        ]
+        if best:
+            rows = frame.set_index("layout").loc[list(found.best_layouts)]
+            knobs_shown = ["tp", "pp", "dp", "cp", *(["ep"] if model.moe is not None else []), "zero_stage", "vp"]
+            knobs_shown += ["micro_batch", "recompute"]
+            knobs_shown += ["recompute_layers"] if rows["plan.recompute_layers"].notna().any() else []
+            head = [(f"plan.{k}", _SWEEP_HEADINGS.get(k, k)) for k in knobs_shown]
+            lines.append(f"best {len(best)}, fastest first:")
+            lines += _ranking(rows, head)
+            p = best[0].plan
+            knobs = (
+                ["--tp", p.tp, "--pp", p.pp]
+                + (["--cp", p.cp] if p.cp > 1 else [])
+                + (["--ep", p.ep] if p.ep > 1 else [])
+            )
+            knobs += ["--zero", p.zero_stage, "--vp", p.vp, "--micro-batch", p.micro_batch, "--recompute", p.recompute]
+            knobs += ["--recompute-layers", p.recompute_layers] if p.recompute_layers is not None else []
+            knobs += ["--grad-overlap" if p.grad_overlap else "--no-grad-overlap"]
+            command = ["clustersim", "simulate", "--model", args.model, "--cluster", args.cluster, "--gpus", gpus]
+            command += ["--global-batch", batch, *given, *knobs, *(x for s in args.set for x in ("--set", s))]
+            lines.append("the fastest in detail (breakdown, memory per stage; add --trace step.json for its timeline):")
+            lines.append("  " + shlex.join(str(part) for part in command))
+        else:
+            closest = frame[frame["status"] == "out_of_memory"].sort_values(["over_bytes", "layout"], kind="stable")
+            if not closest.empty:
+                lines.append(
+                    f"nothing fits; the closest is layout {int(closest.iloc[0]['layout'])}: {closest.iloc[0]['reason']}"
+                )
+            reasons = frame.loc[frame["status"] == "cannot_run", "reason"].value_counts()
+            lines += [f"  {n:,} × {reason}" for reason, n in list(reasons.items())[:_SWEEP_REASONS_SHOWN]]
+        print("\n".join(lines))
+        if out is not None:
+            print(f"wrote {len(frame):,} rows to {out}")
+    return EXIT_OK if best else EXIT_INFEASIBLE
 
 
 def _build_parser() -> _Parser:
@@ -1235,6 +1366,28 @@ def _build_parser() -> _Parser:
         help="time plans that do not fit too (default); --no-time-oom answers them from memory alone, faster",
     )
     sw.set_defaults(func=_cmd_sweep)
+
+    ap = sub.add_parser(
+        "plan",
+        help="find the fastest layouts of a job (auto-planner)",
+        description="Search the parallel layouts of a job (tp, pp, cp, ep, ZeRO stage; micro-batch, interleaving, "
+        "recomputation and overlap chosen per layout) and rank them through the engine. --tp, --pp, --cp, --ep and "
+        "--zero narrow the search to those values; other plan options hold for every layout.",
+    )
+    ap.add_argument("--model", required=True, help="built-in model name, model YAML or HF config.json")
+    ap.add_argument("--cluster", required=True, help="built-in cluster name or cluster YAML")
+    _add_sweep_options(ap)
+    ap.add_argument("--max-tp", type=int, help="largest tp to try (default: the NVLink domain, 8 on a DGX)")
+    ap.add_argument("--top", type=int, default=5, help="how many of the fastest layouts to rank exactly (default 5)")
+    ap.add_argument("--workers", type=int, help="local worker processes (default: the CPUs; the answer is the same)")
+    ap.add_argument("--out", type=Path, help="write a row per layout here (.csv, .parquet or .json)")
+    ap.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="table (default), csv or json (every layout)",
+    )
+    ap.set_defaults(func=_cmd_plan)
 
     from simulator.calibration.cli import add_calibrate_parser
 

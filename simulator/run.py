@@ -15,7 +15,7 @@ import math
 import numbers
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -49,7 +49,7 @@ from simulator.specs.model import ModelSpec
 from simulator.specs.plan import FREE_KNOBS, PlanSpec
 from simulator.units import fmt_bytes
 
-__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "StepResult", "infeasible_result", "row_columns", "simulate"]
+__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "Ranked", "StepResult", "infeasible_result", "rank", "row_columns", "simulate"]
 
 # Slowdown of compute kernels that run while NCCL kernels share the GPU (SMs and HBM taken by the collective);
 # used when the cluster's calibration table has no measured value. source: average computational slowdown
@@ -119,6 +119,14 @@ class StepResult:
     model_flops_causal: float = math.nan
     peak_tflops_per_gpu: float = math.nan  # the peak MFU and HFU are taken against: the GPU's 16-bit dense peak
     timeline: tuple[tuple[int, str, str, float, float], ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def status(self) -> str:
+        """``ok`` (it fits, with a time), ``out_of_memory`` (a stage is over its memory: the reason says which and
+        by how much) or ``cannot_run`` (no times: a degree that does not divide the model, say)."""
+        if self.feasible:
+            return "ok"
+        return "out_of_memory" if any(m.over > 0 for m in self.memory) else "cannot_run"
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -427,6 +435,105 @@ def simulate(
             if raise_infeasible:
                 raise
             return infeasible_result(model, cluster, plan, str(err))
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """One plan's place in a ranking (:func:`rank`).
+
+    ``result`` is the plan's answer exactly as ``simulate(model, cluster, plan, raise_infeasible=False,
+    time_oom=False)`` gives it, or None where the ranking proved, without running the engine on it, that the plan
+    cannot be among the fastest asked for. ``bound_s`` is a lower bound on the plan's step where a candidate fits
+    (the smallest of its candidates' :func:`~simulator.engine.pipeline.lower_bound`; for a pruned plan the tightest
+    the ranking knows, its fastest timed candidate or its smallest skipped bound), NaN where none fits.
+    """
+
+    result: StepResult | None
+    bound_s: float
+
+
+def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, top: int = 1) -> list[Ranked]:
+    """Rank ``plans`` of one model on one cluster, running the engine only where it can change the ``top`` fastest.
+
+    Each plan's free knobs are searched as :func:`simulate` searches them, but the candidates of all the plans
+    are pooled: the engine runs them in the order of their lower bounds and stops once a bound exceeds the
+    ``top``-th fastest plan found, so most plans of a large layout search never reach the engine. Every plan among
+    the ``top`` fastest, and every other plan whose search finished, has the result :func:`simulate` gives it
+    (with ``raise_infeasible=False, time_oom=False``: a plan that does not fit is answered from memory alone); the
+    rest have None and their bound. One entry per plan, in the plans' order.
+
+    Examples
+    --------
+    >>> from simulator.specs import load_cluster, load_model, PlanSpec
+    >>> plans = [PlanSpec(tp=tp, dp=8 // tp, global_batch=32) for tp in (1, 2, 4, 8)]
+    >>> ranked = rank(load_model("llama3-8b"), load_cluster("dgx-h100"), plans)
+    >>> [(p.tp, r.result is not None and r.result.feasible) for p, r in zip(plans, ranked)]  # tp 1 does not fit
+    [(1, False), (2, False), (4, True), (8, False)]
+    >>> round(ranked[1].bound_s, 2), round(ranked[2].result.step_time_s, 2)  # tp 2 cannot beat tp 4: not timed
+    (3.89, 3.52)
+    """
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise SpecError("rank: top", f"must be a whole number >= 1, got {top!r}", "ask for the fastest 1 or more")
+    for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, ClusterSpec)):
+        if not isinstance(value, kind):
+            raise SpecError(f"rank: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", "load it")
+    for i, plan in enumerate(plans):
+        if not isinstance(plan, PlanSpec):
+            raise SpecError(f"rank: plans[{i}]", f"must be a PlanSpec, got {type(plan).__name__}", "build one")
+    with _CALL_LOCK, _gc_paused():
+        return _rank(model, cluster, list(plans), top)
+
+
+def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: int) -> list[Ranked]:
+    answers: list[StepResult | None] = [None] * len(plans)
+    bounds = [math.nan] * len(plans)
+    models: list[ModelSpec] = [model] * len(plans)
+    pool: list[tuple[float, int, int, _Prepared]] = []  # (bound, plan, candidate, prepared)
+    for pi, plan in enumerate(plans):
+        try:
+            models[pi], normal = _normalised(model, cluster, plan)
+            if normal.free_knobs:
+                prepared, fallback = _search(models[pi], cluster, normal)
+                if not prepared:
+                    if fallback is None:
+                        raise InfeasiblePlanError(_structural_error(models[pi], cluster, normal))
+                    # As simulate answers a plan none of whose candidates fits (its _run, memory only).
+                    answers[pi] = _run(models[pi], cluster, fallback.plan, False, fallback.chosen, False)
+            else:
+                got = _prepare(models[pi], cluster, normal, False, {}, memory_only_if_infeasible=True)
+                prepared = [(lower_bound(got.pipe), 0, got)] if isinstance(got, _Prepared) else []
+                if not isinstance(got, _Prepared):
+                    answers[pi] = got
+        except InfeasiblePlanError as err:
+            answers[pi] = infeasible_result(model, cluster, plan, str(err))
+            continue
+        pool += [(bound, pi, ci, ready) for bound, ci, ready in prepared]
+        if prepared:
+            bounds[pi] = prepared[0][0]
+    pool.sort(key=lambda item: (item[0], item[1], item[2]))
+    finished: dict[int, list[tuple[int, StepResult]]] = {}
+    fastest: dict[int, float] = {}  # per plan, its fastest candidate timed so far
+    cutoff = math.inf  # the top-th fastest plan so far: no candidate bounded above it can enter the top
+    unrun: dict[int, float] = {}  # per plan, the smallest bound among its candidates the engine skipped
+    for bound, pi, ci, ready in pool:
+        limit = min(fastest.get(pi, math.inf), cutoff) * (1.0 + BOUND_SLACK)
+        if bound > limit:
+            unrun.setdefault(pi, bound)
+            continue
+        result = _finish(models[pi], cluster, ready)
+        finished.setdefault(pi, []).append((ci, result))
+        fastest[pi] = min(fastest.get(pi, math.inf), result.step_time_s)
+        if len(fastest) >= top:
+            cutoff = sorted(fastest.values())[top - 1]
+    for pi, timed in finished.items():
+        # Exact where no skipped candidate could have beaten its fastest (simulate's own rule for stopping).
+        if unrun.get(pi, math.inf) > fastest[pi] * (1.0 + BOUND_SLACK):
+            answers[pi] = _pick(timed)
+    for pi, skipped in unrun.items():
+        if answers[pi] is None:
+            # Pruned: its best step is at least its fastest timed candidate or its smallest skipped bound.
+            bounds[pi] = min(skipped, fastest.get(pi, math.inf))
+    return [Ranked(answers[pi], bounds[pi]) for pi in range(len(plans))]
 
 
 # One call at a time per process: the cost models and program caches are shared across calls (that is what makes

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simulator.errors import SpecError
-from simulator.run import StepResult, infeasible_result, row_columns, simulate
+from simulator.run import infeasible_result, row_columns, simulate
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
@@ -44,7 +44,7 @@ from simulator.specs.plan import PlanSpec
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["STATUSES", "Case", "cases_from_mapping", "grid", "sweep"]
+__all__ = ["STATUSES", "Case", "cases_from_mapping", "grid", "output_path", "process_context", "sweep", "write_frame"]
 
 # What a row's ``status`` column says: a time that fits, a time that does not fit in memory (or no time, with
 # time_oom=False), a plan that cannot run, and a combination that is no plan at all.
@@ -285,7 +285,7 @@ def sweep(
     todo = [_as_case(item, i) for i, item in enumerate(cases)]
     if len(todo) > MAX_CASES:
         raise SpecError("sweep", f"has {len(todo):,} cases, more than {MAX_CASES:,}", "split the sweep")
-    out_path = _output_path(out)
+    out_path = output_path(out)
     keys = _case_keys(todo, time_oom)
     rows: dict[int, dict[str, Any]] = {}
     journal = None
@@ -310,7 +310,7 @@ def sweep(
         pd.DataFrame.from_records(ordered, columns=_columns(todo)) if ordered else pd.DataFrame(columns=_columns(todo))
     )
     if out_path is not None:
-        _write(frame, out_path)
+        write_frame(frame, out_path)
         if journal is not None and journal.exists():
             journal.unlink()
     return frame
@@ -453,7 +453,7 @@ def _run(
     if scheduler is not None:
         yield from _run_dask(scheduler, payloads)
         return
-    context = _process_context()
+    context = process_context()
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = [pool.submit(_run_chunk, payload) for payload in payloads]
         try:
@@ -465,7 +465,7 @@ def _run(
             raise
 
 
-def _process_context() -> Any:
+def process_context() -> Any:
     """How worker processes start. Fork where it is safe, a single-threaded process on Linux: workers start at
     once with the parent's modules and caches, and a script needs no ``if __name__ == "__main__"`` guard.
     Elsewhere (macOS, Windows, a threaded host such as a Jupyter kernel) forkserver or spawn, which import the
@@ -475,7 +475,7 @@ def _process_context() -> Any:
         return multiprocessing.get_context("fork")
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["simulator.sweep"])
+        context.set_forkserver_preload(["simulator.sweep", "simulator.search.planner"])
         return context
     return multiprocessing.get_context("spawn")
 
@@ -558,13 +558,7 @@ def _row(case: Case, time_oom: bool) -> dict[str, Any]:
         result = simulate(case.model, case.cluster, case.plan, raise_infeasible=False, time_oom=time_oom)
     except SpecError as err:  # a knob the model refuses (recompute_layers beyond its layers): this case only
         return _invalid_row(replace(case, plan=None, problem=str(err), knobs=tuple(case.plan.as_dict().items())))
-    return {"status": _status(result), **result.to_row()}
-
-
-def _status(result: StepResult) -> str:
-    if result.feasible:
-        return "ok"
-    return "out_of_memory" if any(m.over > 0 for m in result.memory) else "cannot_run"
+    return {"status": result.status, **result.to_row()}
 
 
 def _invalid_row(case: Case) -> dict[str, Any]:
@@ -590,7 +584,8 @@ def _columns(cases: list[Case]) -> list[str]:
 # -- output and journal ----------------------------------------------------------------------------------------
 
 
-def _output_path(out: str | Path | None) -> Path | None:
+def output_path(out: str | Path | None) -> Path | None:
+    """``out`` as a path whose format (by suffix) can be written, None for None; else a SpecError."""
     if out is None:
         return None
     path = Path(out)
@@ -660,7 +655,9 @@ class _Journal:
             self.handle.close()
 
 
-def _write(frame: pd.DataFrame, path: Path) -> None:
+def write_frame(frame: pd.DataFrame, path: Path) -> None:
+    """Write a sweep's or a planner's rows as CSV, Parquet or JSON by the path's suffix (:func:`output_path`), through a
+    temporary file, so that a reader never sees half a file."""
     suffix = path.suffix.lower()
     tmp = path.with_name(path.name + ".tmp")
     if suffix == ".csv":

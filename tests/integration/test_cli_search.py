@@ -1,4 +1,5 @@
-"""`clustersim sweep`: a grid from options or a YAML file, ranked in a table, every row in CSV or JSON, exit codes."""
+"""`clustersim sweep` (a grid from options or a YAML file, ranked in a table, every row in CSV or JSON) and
+`clustersim plan` (the auto-planner): tables, rows, the reproducing command, exit codes."""
 
 from __future__ import annotations
 
@@ -123,3 +124,81 @@ def test_the_grid_file_is_never_the_output(tmp_path: Path, capsys: pytest.Captur
     code, _, err = run(["sweep", str(grid), "--out", str(grid)], capsys)
     assert code == 2
     assert "is an input of this command" in err
+
+
+PLAN = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "32"]
+
+
+def test_plan_ranks_layouts_and_gives_the_command_of_the_fastest(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*PLAN, "--tp", "2,4", "--pp", "1,2", "--zero", "1", "--workers", "1", "--top", "2"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "autoplan: llama3-8b on dgx-h100, 16 GPUs, global batch 32 × 8,192 tokens, bf16"
+    assert lines[1].startswith("searched 8 layouts (tp 2,4 · pp 1,2 · cp 1,2 · ep 1 · zero 1)")
+    assert lines[2] == "best 2, fastest first:"
+    command = lines[-1].split()
+    assert command[:2] == ["clustersim", "simulate"]
+    # The command reproduces the fastest layout's step time.
+    code, again, _ = run(command[1:], capsys)
+    assert code == 0
+    best_time = lines[4].split()[lines[3].split().index("step")]
+    assert f"step time {best_time} s" in again
+
+
+def test_plan_csv_has_a_row_per_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*PLAN, "--tp", "2,4", "--zero", "1", "--cp", "1", "--format", "csv", "--top", "1"], capsys)
+    assert code == 0
+    frame = pd.read_csv(io.StringIO(out))
+    assert list(frame["layout"]) == list(range(len(frame)))
+    assert set(frame["status"]) <= {"ok", "pruned", "out_of_memory", "cannot_run"}
+    assert (frame["status"] == "ok").sum() >= 1
+
+
+def test_plan_json_best_is_fastest_first(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*PLAN, "--tp", "2,4", "--zero", "1", "--format", "json", "--top", "2"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    times = [r["step_time_s"] for r in data["best"]]
+    assert times == sorted(times)
+    assert len(times) == 2
+    assert data["summary"]["searched"]["tp"] == [2, 4]
+
+
+def test_plan_where_nothing_fits_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"]
+    code, out, _ = run([*argv, "--zero", "0", "--pp", "1", "--tp", "1,2", "--workers", "1"], capsys)
+    assert code == 3
+    assert "nothing fits; the closest is layout" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--precision", "bf16,fp8"], "--precision: takes one value in plan"),
+        (["--dp", "4"], "--dp: is what the planner derives"),
+        (["--set", "cluster.nics_per_node=4,8"], "takes one value in plan"),
+        (["--tp", "3"], "no layout of llama3-8b fits the rules"),
+        (["--zero", "7"], "zero_stage: must be <= 3"),
+    ],
+)
+def test_plan_bad_input_exits_2(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([*PLAN, *extra], capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_plan_needs_gpus_and_a_batch(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8"], capsys)
+    assert code == 2
+    assert "--global-batch: is required" in err
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "analysis" / "sweeps").glob("*.yaml")))
+def test_shipped_sweep_grids_build_their_cases(path: Path) -> None:
+    from simulator.specs._yaml import load_yaml_file
+    from simulator.sweep import cases_from_mapping
+
+    cases = cases_from_mapping(load_yaml_file(path), str(path))
+    assert cases
+    assert all(case.plan is not None for case in cases)

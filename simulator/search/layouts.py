@@ -1,0 +1,146 @@
+"""Enumerating the parallel layouts of one job: every (tp, pp, cp, ep, zero stage) that could lay a model out on a
+GPU count, pruned by the rules Megatron-LM checks before it starts (a layout it would refuse is no candidate).
+
+What is enumerated, where the caller does not pin a degree:
+
+- ``tp``: divisors of the GPU count up to the NVLink domain (tensor parallelism all-reduces every layer's
+  activations and is only run inside NVLink: Narayanan et al., SC21, Sec. 3.3 "tensor model parallelism within a
+  node"), dividing the attention heads and the KV heads (Megatron-Core splits both over tp).
+- ``pp``: divisors of the GPUs left, up to the decoder layers, that split the layers evenly, or the layers plus the
+  embedding and the loss (Megatron-Core's ``--account-for-embedding/loss-in-pipeline-split``).
+- ``cp``: 1, and powers of two that leave every context-parallel rank at least :data:`CP_MIN_TOKENS_PER_RANK` tokens
+  of a sequence split into 2·cp chunks.
+- ``ep`` (mixture-of-experts models only): divisors of the expert count that divide dp·cp, the group Megatron-Core
+  carves the expert-parallel ranks from.
+- ``zero_stage``: :data:`DEFAULT_ZERO_STAGES`.
+
+dp then fills the GPU count and must divide the global batch. Nothing here times anything: :mod:`.planner` does,
+through the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.specs.hardware import ClusterSpec
+from simulator.specs.model import ModelSpec
+from simulator.specs.plan import PlanSpec
+
+__all__ = ["CP_MIN_TOKENS_PER_RANK", "DEFAULT_ZERO_STAGES", "SEARCHED", "axes_of", "layouts"]
+
+# A search bound, not physics: context parallelism is tried only where each rank keeps at least this many tokens of a
+# sequence. Below it attention is a small share of a layer and the KV exchange cannot hide behind it; the published
+# runs split 131,072 tokens over cp 16 (8,192 per rank, Llama 3 405B, Dubey et al. 2024, Sec. 3.3.2) and NeMo's
+# long-context recipes 16k-128k tokens into 4,096 or more per rank. A user who wants smaller shards pins cp.
+CP_MIN_TOKENS_PER_RANK = 4096
+# ZeRO stages tried by default: plain data parallelism (0), Megatron's distributed optimizer (1, which shards the
+# optimizer state at the same communication volume) and FSDP (3, what fits large models without model parallelism).
+# Stage 2 is rarely faster than 1 with Megatron-style overlap and is tried when asked for.
+DEFAULT_ZERO_STAGES = (0, 1, 3)
+# The layout knobs this module enumerates; any other plan key the caller gives is passed through to every layout.
+SEARCHED = ("tp", "pp", "cp", "ep", "zero_stage")
+
+
+def layouts(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    num_gpus: int,
+    global_batch: int,
+    *,
+    tp: Sequence[int] | None = None,
+    pp: Sequence[int] | None = None,
+    cp: Sequence[int] | None = None,
+    ep: Sequence[int] | None = None,
+    zero_stage: Sequence[int] | None = None,
+    max_tp: int | None = None,
+    **fixed: Any,
+) -> list[PlanSpec]:
+    """Every layout of ``model`` on ``num_gpus`` GPUs of ``cluster`` for a step of ``global_batch`` sequences.
+
+    A degree given as a list is searched over those values only (still subject to the rules above); ``max_tp``
+    raises or lowers the NVLink-domain bound on tp. Other plan keys in ``fixed`` (``seq_len``, ``precision``,
+    ``micro_batch``...) are set in every layout; the free knobs left out stay free for the simulator to choose.
+    Layouts come in the order of tp, pp, cp, ep and zero stage, each ascending.
+
+    Examples
+    --------
+    >>> from simulator.specs import load_cluster, load_model
+    >>> found = layouts(load_model("llama3-8b"), load_cluster("dgx-h100"), 16, 64, zero_stage=[1])
+    >>> [(p.tp, p.pp, p.cp, p.dp) for p in found][:4]
+    [(1, 1, 1, 16), (1, 1, 2, 8), (1, 2, 1, 8), (1, 2, 2, 4)]
+    >>> sorted({p.tp for p in found}), sorted({p.cp for p in found})
+    ([1, 2, 4, 8], [1, 2])
+    """
+    for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecError(f"layouts: {name}", f"must be a whole number >= 1, got {value!r}", f"give {name}")
+    seq_len = int(fixed.get("seq_len") or model.seq_len)
+    domain = cluster.nvlink_domain_gpus
+    tp_bound = domain if max_tp is None else max_tp
+    tps = [
+        t
+        for t in _given("tp", tp, _divisors(num_gpus))
+        if t <= tp_bound and model.heads % t == 0 and model.kv_heads % t == 0 and num_gpus % t == 0
+    ]
+    zeros = _given("zero_stage", zero_stage, DEFAULT_ZERO_STAGES)
+    out = []
+    for t in tps:
+        for p in _given("pp", pp, _divisors(num_gpus // t)):
+            if (num_gpus // t) % p or not _splits_layers(model.layers, p):
+                continue
+            for c in _given("cp", cp, _cp_degrees(seq_len)):
+                if (num_gpus // (t * p)) % c or (c > 1 and seq_len % (2 * c)):
+                    continue
+                dp = num_gpus // (t * p * c)
+                if global_batch % dp:
+                    continue  # Megatron-LM asserts that dp divides the global batch
+                for e in _expert_degrees(model, t, dp, c, ep):
+                    for z in zeros:
+                        out.append(
+                            PlanSpec(tp=t, pp=p, dp=dp, cp=c, ep=e, zero_stage=z, global_batch=global_batch, **fixed)
+                        )
+    return out
+
+
+def _given(name: str, values: Sequence[int] | None, default: Iterable[int]) -> list[int]:
+    if values is None:
+        return sorted(set(default))
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "zero_stage" else 1):
+            raise SpecError(f"layouts: {name}", f"must hold whole numbers >= 1, got {v!r}", f"fix the {name} values")
+        out.append(v)
+    return sorted(set(out))
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _splits_layers(layers: int, pp: int) -> bool:
+    """Whether pp stages split the decoder layers evenly, or with the embedding and the loss counted as a layer each."""
+    return pp == 1 or (pp <= layers and layers % pp == 0) or (pp <= layers + 2 and (layers + 2) % pp == 0)
+
+
+def _cp_degrees(seq_len: int) -> list[int]:
+    degrees = [1]
+    c = 2
+    while seq_len // c >= CP_MIN_TOKENS_PER_RANK:
+        degrees.append(c)
+        c *= 2
+    return degrees
+
+
+def _expert_degrees(model: ModelSpec, tp: int, dp: int, cp: int, ep: Sequence[int] | None) -> list[int]:
+    if model.moe is None:
+        return [1]
+    experts = model.moe.num_experts
+    return [e for e in _given("ep", ep, _divisors(experts)) if experts % e == 0 and (dp * cp) % e == 0]
+
+
+def axes_of(found: Sequence[PlanSpec]) -> dict[str, list[int]]:
+    """The values each searched degree took over ``found`` (what a planner reports it searched)."""
+    return {name: sorted({getattr(p, name) for p in found}) for name in SEARCHED}

@@ -975,22 +975,30 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         where = f"{args.grid} + command line" if any(_given_axes(args)) else str(args.grid)
     for key, flag, text in _given_axes(args):
         data[key] = _list_option(text, flag)
-    sets = dict(data.get("set") or {}) if isinstance(data.get("set"), dict) else data.get("set")
+    if args.top < 1:
+        raise SpecError("--top", f"must be >= 1, got {args.top}", "show 1 or more of the best cases")
+    sets = data.get("set")
+    sets = {} if sets is None else sets
+    given_sets: set[str] = set()
     for item in args.set:
-        dotted, sep, value = item.partition("=")
-        if not sep or "." not in dotted or not dotted.strip():
+        dotted, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or "." not in dotted:
             raise SpecError(
                 f"--set {item}", "must look like scope.key=value[,value...]", "e.g. --set cluster.nics_per_node=4,8"
             )
+        if dotted in given_sets:
+            raise SpecError(f"--set {dotted}", "is given twice", "give each key once, with all its values")
+        given_sets.add(dotted)
         if not isinstance(sets, dict):
             break  # the grid file's own 'set' is not a mapping: cases_from_mapping says so
-        sets[dotted.strip()] = _list_option(value, f"--set {dotted.strip()}") if value.strip() else [None]
-    if sets:
+        sets[dotted] = _list_option(value, f"--set {dotted}") if value else [None]
+    if sets or "set" in data:
         data["set"] = sets
     for key in ("model", "cluster", "global_batch"):
         if data.get(key) is None:
             flag = "--" + key.replace("_", "-")
             raise SpecError(flag, "is required (on the command line or in the grid file)", f"give {flag}")
+    _refuse_output_among(args.out, [*_refs(data.get("model")), *_refs(data.get("cluster"))])
     cases = cases_from_mapping(data, where)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = args.workers if args.workers is not None else max(1, min(cpus, len(cases)))
@@ -1029,10 +1037,43 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         rows = [_json_safe(row) for row in frame.to_dict("records")]
         print(json.dumps({"summary": summary, "rows": rows}, indent=2))
     else:
-        print(_sweep_table(frame, fitting, counts, elapsed, workers, args.top, args.rank_by))
+        ran = "on the Dask cluster" if args.scheduler else f"{min(workers, len(cases))} workers" if workers > 1 else ""
+        axes = [key for key, value in data.items() if isinstance(value, list) and len(value) > 1]
+        print(_sweep_table(frame, fitting, counts, elapsed, ran or "in this process", args.top, args.rank_by, axes))
     if args.out is not None and args.format == "table":
         print(f"wrote {len(frame):,} rows to {args.out}")
     return EXIT_OK if counts["ok"] else EXIT_INFEASIBLE
+
+
+def _simulate_flag(args: argparse.Namespace, key: str, value: Any) -> list[str]:
+    """How `clustersim simulate` is told a plan value: its flag (--no-KEY for false), or --set plan.KEY=VALUE for the
+    what-if factors that have none."""
+    if not hasattr(args, key):
+        return ["--set", f"plan.{key}={fmt_knob(value)}"]
+    flag = "--zero" if key == "zero_stage" else "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + flag.removeprefix("--")]
+    return [flag, str(value)]
+
+
+def _refs(value: Any) -> list[str]:
+    """The model or cluster names a grid gives (one or a list)."""
+    items = value if isinstance(value, list) else [value]
+    return [item for item in items if isinstance(item, str)]
+
+
+def _refuse_output_among(out: Path | None, refs: list[str]) -> None:
+    """Refuse an output file that is one of the files a grid names (a model YAML or HF config.json among a list)."""
+    if out is None or not out.is_file():
+        return
+    for ref in refs:
+        path = Path(ref)
+        if path.is_file() and out.samefile(path):
+            raise SpecError(
+                f"--out {out}",
+                "is an input of this command: writing it would replace what it reads",
+                "name another file",
+            )
 
 
 def _given_axes(args: argparse.Namespace) -> list[tuple[str, str, str]]:
@@ -1060,12 +1101,13 @@ _SWEEP_HEADINGS = {
 
 
 def _sweep_table(
-    frame: Any, fitting: Any, counts: dict[str, int], elapsed: float, workers: int, top: int, rank_by: str
+    frame: Any, fitting: Any, counts: dict[str, int], elapsed: float, ran: str, top: int, rank_by: str, axes: list[str]
 ) -> str:
+    """The table of a sweep: the counts, the best ``top`` with the columns that tell them apart (the degrees, the
+    grid's axes, and whatever else differs among them), and why the rest could not run."""
     from simulator.specs.plan import PlanSpec
 
     total = len(frame)
-    ran = f"{workers} workers" if workers > 1 else "in this process"
     lines = [
         f"sweep: {total:,} case{'s' if total != 1 else ''} in {fmt_seconds(elapsed)} ({ran}): {counts['ok']:,} fit, "
         f"{counts['out_of_memory']:,} out of memory, {counts['cannot_run']:,} cannot run, {counts['invalid']:,} invalid"
@@ -1073,8 +1115,9 @@ def _sweep_table(
     if not fitting.empty:
         shown = fitting.head(top)
         lines.append(f"best {len(shown)} of {len(fitting):,} that fit, by {rank_by.replace('_', ' ')}:")
-        # The degrees always, and whatever else differs between the cases: what a reader compares.
-        varied = {c for c in frame.columns if frame[c].astype(str).nunique() > 1}
+        # The degrees and the grid's axes always, and whatever else differs among the rows shown.
+        varied = {c for c in shown.columns if shown[c].astype(str).nunique() > 1}
+        varied |= {f"plan.{k}" for k in axes} | {{"gpus": "num_gpus"}.get(k, k) for k in axes}
         labels = list(frame.columns[1 : frame.columns.get_loc("status")])
         head = [("case", "case")]
         head += [(c, h) for c, h in (("model", "model"), ("cluster", "cluster"), ("num_gpus", "gpus")) if c in varied]
@@ -1134,7 +1177,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from simulator.search.planner import autoplan
     from simulator.specs._fields import Fields
     from simulator.specs.library import load_cluster, load_model, parse_overrides
-    from simulator.specs.plan import AUTO, PlanSpec
+    from simulator.specs.plan import PlanSpec
     from simulator.sweep import output_path, write_frame
 
     for item in args.set:
@@ -1146,39 +1189,41 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     model = load_model(args.model, overrides.get("model"))
     cluster = load_cluster(args.cluster, overrides.get("cluster"), overrides.get("device"))
     out = output_path(args.out)
-    searched: dict[str, list[Any]] = {}
-    fixed: dict[str, Any] = dict(overrides.get("plan", {}))
-    given: list[str] = []  # the fixed plan flags as given, for the command that reproduces the best layout
-    gpus = batch = None
+    # Every plan value, from its flag or from --set plan.KEY (not both), read as a plan file reads it.
+    raw: dict[str, tuple[str, list[Any]]] = {}
     for key, flag, text in _given_axes(args):
-        if key in ("model", "cluster"):
-            continue
-        values = _list_option(text, flag)
-        for value in values:
-            if key == "gpus":
-                Fields({"gpus": value}, flag).integer("gpus", None, minimum=1)
-            else:
-                PlanSpec.check_value(key, value, flag)
+        if key not in ("model", "cluster"):
+            raw[key] = (flag, _list_option(text, flag))
+    for key, value in overrides.get("plan", {}).items():
+        if key in raw:
+            raise SpecError(f"--set plan.{key}", f"is also given as {raw[key][0]}", "give it once")
+        raw[key] = (f"--set plan.{key}", [value])
+    searched: dict[str, list[Any]] = {}
+    fixed: dict[str, Any] = {}
+    gpus = batch = None
+    for key, (where, given) in raw.items():
+        if key == "dp":
+            raise SpecError(where, "is what the planner derives from --gpus and the other degrees", "leave dp out")
+        if key == "gpus":
+            values = [Fields({key: v}, where).integer(key, None, minimum=1) for v in given]
+        else:
+            values = [PlanSpec.read_value(key, v, where) for v in given]
         if key in SEARCHED:
             searched[key] = values
             continue
         if len(values) != 1:
-            raise SpecError(
-                flag, f"takes one value in plan, got {text!r}", "sweep several values with clustersim sweep"
-            )
-        if key == "dp":
-            raise SpecError("--dp", "is what the planner derives from --gpus and the other degrees", "leave --dp out")
-        value = values[0]
+            raise SpecError(where, f"takes one value in plan, got {len(values)}", "sweep several with clustersim sweep")
         if key == "gpus":
-            gpus = value
+            gpus = values[0]
         elif key == "global_batch":
-            batch = value
-        elif not (isinstance(value, str) and value.strip().lower() in AUTO):  # 'auto' leaves a free knob free
-            fixed[key] = value
-            given += [flag, text]
+            batch = values[0]
+        elif values[0] is not None:  # 'auto' leaves a free knob free
+            fixed[key] = values[0]
     if gpus is None or batch is None:
         flag = "--gpus" if gpus is None else "--global-batch"
         raise SpecError(flag, "is required", f"give {flag}")
+    if args.top < 1:
+        raise SpecError("--top", f"must be >= 1, got {args.top}", "rank 1 or more layouts")
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = args.workers if args.workers is not None else cpus
     if workers < 1:
@@ -1205,7 +1250,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(_json_safe(data), indent=2))
     else:
         seq = fixed.get("seq_len") or model.seq_len
-        ran = f"{workers} workers" if workers > 1 else "in this process"
+        used = min(workers, len(found.layouts))
+        ran = f"{used} workers" if used > 1 else "in this process"
         axes = " · ".join(
             f"{_SWEEP_HEADINGS.get(k, k)} {','.join(map(str, v))}" for k, v in axes_of(found.layouts).items()
         )
@@ -1225,16 +1271,18 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             lines.append(f"best {len(best)}, fastest first:")
             lines += _ranking(rows, head)
             p = best[0].plan
-            knobs = (
-                ["--tp", p.tp, "--pp", p.pp]
-                + (["--cp", p.cp] if p.cp > 1 else [])
-                + (["--ep", p.ep] if p.ep > 1 else [])
-            )
-            knobs += ["--zero", p.zero_stage, "--vp", p.vp, "--micro-batch", p.micro_batch, "--recompute", p.recompute]
-            knobs += ["--recompute-layers", p.recompute_layers] if p.recompute_layers is not None else []
-            knobs += ["--grad-overlap" if p.grad_overlap else "--no-grad-overlap"]
-            command = ["clustersim", "simulate", "--model", args.model, "--cluster", args.cluster, "--gpus", gpus]
-            command += ["--global-batch", batch, *given, *knobs, *(x for s in args.set for x in ("--set", s))]
+            # The user's fixed knobs, then the layout and the choices that made the fastest: simulate's own flags.
+            knobs: dict[str, Any] = dict(fixed)
+            for key in ("tp", "pp", "cp", "ep", "zero_stage", "vp", "micro_batch", "recompute", "recompute_layers"):
+                value = getattr(p, key)
+                if value is not None and (key not in ("cp", "ep") or value > 1 or key in fixed):
+                    knobs[key] = value
+            knobs["grad_overlap"] = p.grad_overlap
+            command = ["clustersim", "simulate", "--model", args.model, "--cluster", args.cluster]
+            command += ["--gpus", str(gpus), "--global-batch", str(batch)]
+            for key, value in knobs.items():
+                command += _simulate_flag(args, key, value)
+            command += [x for item in args.set if not item.strip().startswith("plan.") for x in ("--set", item)]
             lines.append("the fastest in detail (breakdown, memory per stage; add --trace step.json for its timeline):")
             lines.append("  " + shlex.join(str(part) for part in command))
         else:
@@ -1338,7 +1386,7 @@ def _build_parser() -> _Parser:
     sw.add_argument(
         "--workers",
         type=int,
-        help="local worker processes (default: the CPUs, fewer for small sweeps; 1 runs in-process)",
+        help="local worker processes (default: the CPUs, at most one per case; 1 runs in-process)",
     )
     sw.add_argument(
         "--dask-scheduler",

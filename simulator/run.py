@@ -444,8 +444,8 @@ class Ranked:
     ``result`` is the plan's answer exactly as ``simulate(model, cluster, plan, raise_infeasible=False,
     time_oom=False)`` gives it, or None where the ranking proved, without running the engine on it, that the plan
     cannot be among the fastest asked for. ``bound_s`` is a lower bound on the plan's step where a candidate fits
-    (the smallest of its candidates' :func:`~simulator.engine.pipeline.lower_bound`; for a pruned plan the tightest
-    the ranking knows, its fastest timed candidate or its smallest skipped bound), NaN where none fits.
+    (the smallest of its candidates' :func:`~simulator.engine.pipeline.lower_bound`, which depends on the plan alone),
+    NaN where none fits.
     """
 
     result: StepResult | None
@@ -474,6 +474,7 @@ def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, t
     """
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise SpecError("rank: top", f"must be a whole number >= 1, got {top!r}", "ask for the fastest 1 or more")
+    plans = list(plans)  # a generator is read once
     for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, ClusterSpec)):
         if not isinstance(value, kind):
             raise SpecError(f"rank: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", "load it")
@@ -529,10 +530,6 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: in
         # Exact where no skipped candidate could have beaten its fastest (simulate's own rule for stopping).
         if unrun.get(pi, math.inf) > fastest[pi] * (1.0 + BOUND_SLACK):
             answers[pi] = _pick(timed)
-    for pi, skipped in unrun.items():
-        if answers[pi] is None:
-            # Pruned: its best step is at least its fastest timed candidate or its smallest skipped bound.
-            bounds[pi] = min(skipped, fastest.get(pi, math.inf))
     return [Ranked(answers[pi], bounds[pi]) for pi in range(len(plans))]
 
 

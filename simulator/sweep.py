@@ -84,8 +84,14 @@ class Case:
             raise SpecError("Case", "takes a plan, or no plan and the problem why", "give a PlanSpec")
         if self.plan is not None and not isinstance(self.plan, PlanSpec):
             raise SpecError("Case: plan", f"must be a PlanSpec, got {type(self.plan).__name__}", "build a PlanSpec")
-        if isinstance(self.labels, Mapping):
-            object.__setattr__(self, "labels", tuple(self.labels.items()))
+        labels = self.labels.items() if isinstance(self.labels, Mapping) else self.labels
+        if isinstance(labels, str | bytes) or not all(isinstance(x, tuple) and len(x) == 2 for x in labels):
+            raise SpecError(
+                "Case: labels",
+                f"must be a mapping of names to values or (name, value) pairs, got {self.labels!r}",
+                "e.g. labels={'network': '2x'}",
+            )
+        object.__setattr__(self, "labels", tuple(labels))
         names = [name for name, _ in self.labels]
         for name in names:
             if not isinstance(name, str) or not name or name in row_columns() or name in ("case", "status"):
@@ -190,7 +196,16 @@ def cases_from_mapping(data: Any, where: str) -> list[Case]:
             raise SpecError(
                 f"{where}: set: {dotted}", "must look like scope.key", "scope is model, cluster, device or plan"
             )
-        set_axes[str(dotted)] = (scope, name, _values(f"{where}: set: {dotted}", values))
+        if scope == "plan":
+            if name in data or name == "gpus":
+                raise SpecError(
+                    f"{where}: set: {dotted}",
+                    f"is also given as the grid key {name}",
+                    f"give {name} once, as a grid key",
+                )
+            set_axes[str(dotted)] = (scope, name, _axis(f"{where}: set", name, values))
+        else:
+            set_axes[str(dotted)] = (scope, name, _values(f"{where}: set: {dotted}", values))
     gpus = data.get("gpus")
     counts: tuple[Any, ...] = (None,) if gpus is None else _axis(where, "gpus", gpus)
     if gpus is not None and data.get("dp") is not None:
@@ -345,23 +360,32 @@ def _values(where: str, value: Any) -> tuple[Any, ...]:
     for v in values:
         if isinstance(v, list | tuple | Mapping):
             raise SpecError(where, f"must be a list of single values, got {v!r} in it", "flatten the list")
-        if not any(v == u and type(v) is type(u) for u in unique):
+        if not any(_same(v, u) for u in unique):
             unique.append(v)
     return tuple(unique)
 
 
-def _axis(where: str, key: str, value: Any) -> tuple[Any, ...]:
-    """An axis of a grid: its values, each checked on its own as a plan file's reader checks it (a typo is bad
-    input; only the rules between keys make a combination invalid)."""
-    values = _values(f"{where}: {key}", value)
-    for v in values:
-        if key == "gpus":
-            from simulator.specs._fields import Fields
+def _same(a: Any, b: Any) -> bool:
+    """Whether two axis values are one (200 and 200.0 are; True and 1 are not)."""
+    return bool(a == b) and isinstance(a, bool) == isinstance(b, bool) and isinstance(a, str) == isinstance(b, str)
 
-            Fields({key: v}, where).integer(key, None, minimum=1)
-        else:
-            PlanSpec.check_value(key, v, where)
-    return values
+
+def _axis(where: str, key: str, value: Any) -> tuple[Any, ...]:
+    """An axis of a grid: its values, each read on its own as a plan file's reader reads it (a typo is bad input; only
+    the rules between keys make a combination invalid), in canonical form ('Full' is 'full', 'auto' None, 8.0 8) and
+    each once."""
+    from simulator.specs._fields import Fields
+
+    values = _values(f"{where}: {key}", value)
+    if key == "gpus":
+        read = [Fields({key: v}, where).integer(key, None, minimum=1) for v in values]
+    else:
+        read = [PlanSpec.read_value(key, v, where) for v in values]
+    unique: list[Any] = []
+    for v in read:
+        if not any(_same(v, u) for u in unique):
+            unique.append(v)
+    return tuple(unique)
 
 
 def _case(
@@ -454,7 +478,7 @@ def _run(
         yield from _run_dask(scheduler, payloads)
         return
     context = process_context()
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(max_workers=min(workers, len(payloads)), mp_context=context) as pool:
         futures = [pool.submit(_run_chunk, payload) for payload in payloads]
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -501,16 +525,17 @@ def _payload(cases: list[Case], indices: list[int], spec_keys: dict[int, str], t
 # that simulate's caches, keyed by object identity, serve every chunk and not only the one that brought it.
 _WORKER_SPECS: dict[str, Any] = {}
 _WORKER_SPECS_MAX = 256
+_WORKER_SPECS_LOCK = threading.Lock()  # a threaded Dask worker runs several chunks at once
 
 
 def _run_chunk(payload: _Payload) -> list[tuple[int, dict[str, Any]]]:
     specs, items, time_oom = payload
-    if len(_WORKER_SPECS) + len(specs) > _WORKER_SPECS_MAX:
-        _WORKER_SPECS.clear()
-    for key, spec in specs.items():
-        _WORKER_SPECS.setdefault(key, spec)
+    with _WORKER_SPECS_LOCK:
+        if len(_WORKER_SPECS) + len(specs) > _WORKER_SPECS_MAX:
+            _WORKER_SPECS.clear()
+        own: dict[str, Any] = {key: _WORKER_SPECS.setdefault(key, spec) for key, spec in specs.items()}
     return [
-        (i, _row(Case(_WORKER_SPECS[km], _WORKER_SPECS[kc], plan, (), problem, knobs), time_oom))
+        (i, _row(Case(own[km], own[kc], plan, (), problem, knobs), time_oom))
         for i, km, kc, plan, problem, knobs in items
     ]
 
@@ -534,7 +559,7 @@ def _run_dask(scheduler: Any, payloads: list[_Payload]) -> Iterator[list[tuple[i
             )
         try:
             client = distributed.Client(scheduler, timeout="30s")
-        except OSError as err:
+        except (OSError, ValueError, TypeError) as err:  # unreachable, or no address ('missing port number')
             raise SpecError(
                 f"sweep: scheduler {scheduler}", f"cannot be reached ({err})", "start it with dask-scheduler"
             ) from None
@@ -557,7 +582,8 @@ def _row(case: Case, time_oom: bool) -> dict[str, Any]:
     try:
         result = simulate(case.model, case.cluster, case.plan, raise_infeasible=False, time_oom=time_oom)
     except SpecError as err:  # a knob the model refuses (recompute_layers beyond its layers): this case only
-        return _invalid_row(replace(case, plan=None, problem=str(err), knobs=tuple(case.plan.as_dict().items())))
+        knobs = {"gpus": case.plan.num_gpus, **case.plan.as_dict()}
+        return _invalid_row(replace(case, plan=None, problem=f"{err.where}: {err.what}", knobs=tuple(knobs.items())))
     return {"status": result.status, **result.to_row()}
 
 
@@ -571,7 +597,8 @@ def _invalid_row(case: Case) -> dict[str, Any]:
             row[key] = knobs.get(key.removeprefix("plan."))
         else:
             row[key] = knobs.get("gpus") if key == "num_gpus" else value
-    return row
+    # A what-if value may be any number (expert_imbalance .nan is refused only by the plan): JSON has no NaN.
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 def _columns(cases: list[Case]) -> list[str]:
@@ -615,6 +642,7 @@ def _read_journal(path: Path, keys: list[str]) -> dict[int, dict[str, Any]]:
     if not path.is_file():
         return {}
     where = {key: i for i, key in enumerate(keys)}
+    columns = ["status", *row_columns()]
     rows: dict[int, dict[str, Any]] = {}
     with path.open(encoding="utf-8", errors="replace") as handle:
         for line in handle:
@@ -625,7 +653,7 @@ def _read_journal(path: Path, keys: list[str]) -> dict[int, dict[str, Any]]:
             if not isinstance(entry, dict) or not isinstance(entry.get("row"), dict):
                 continue
             index = where.get(entry.get("key"))  # type: ignore[arg-type]
-            if index is not None:
+            if index is not None and list(entry["row"]) == columns:  # a row of another release's columns is redone
                 rows[index] = entry["row"]
     return rows
 
@@ -655,6 +683,29 @@ class _Journal:
             self.handle.close()
 
 
+def _one_type_per_column(frame: pd.DataFrame) -> bool:
+    """Whether every column holds values of one type (Parquet stores one type per column)."""
+    return all(len(_types(frame[c])) <= 1 for c in frame.columns)
+
+
+def _types(column: Any) -> set[type]:
+    return {type(v) for v in column if not _missing(v)}
+
+
+def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each column that mixes types (a label of numbers and words) written as text, None kept."""
+    out = frame.copy()
+    for c in out.columns:
+        if len(_types(out[c])) > 1:
+            out[c] = [None if _missing(v) else str(v) for v in out[c]]
+    return out
+
+
+def _missing(value: Any) -> bool:
+    """Whether a cell is missing: None or NaN."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def write_frame(frame: pd.DataFrame, path: Path) -> None:
     """Write a sweep's or a planner's rows as CSV, Parquet or JSON by the path's suffix (:func:`output_path`), through a
     temporary file, so that a reader never sees half a file."""
@@ -663,7 +714,9 @@ def write_frame(frame: pd.DataFrame, path: Path) -> None:
     if suffix == ".csv":
         frame.to_csv(tmp, index=False, lineterminator="\n")
     elif suffix == ".parquet":
-        frame.to_parquet(tmp, index=False)
+        frame.to_parquet(tmp, index=False) if _one_type_per_column(frame) else _as_text(frame).to_parquet(
+            tmp, index=False
+        )
     else:
         # Python's own float repr, which reads back exactly (pandas' to_json keeps 15 significant digits at most).
         records = [

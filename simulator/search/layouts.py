@@ -49,19 +49,21 @@ def layouts(
     num_gpus: int,
     global_batch: int,
     *,
-    tp: Sequence[int] | None = None,
-    pp: Sequence[int] | None = None,
-    cp: Sequence[int] | None = None,
-    ep: Sequence[int] | None = None,
-    zero_stage: Sequence[int] | None = None,
+    tp: Sequence[int] | int | None = None,
+    pp: Sequence[int] | int | None = None,
+    cp: Sequence[int] | int | None = None,
+    ep: Sequence[int] | int | None = None,
+    zero_stage: Sequence[int] | int | None = None,
     max_tp: int | None = None,
     **fixed: Any,
 ) -> list[PlanSpec]:
     """Every layout of ``model`` on ``num_gpus`` GPUs of ``cluster`` for a step of ``global_batch`` sequences.
 
-    A degree given as a list is searched over those values only (still subject to the rules above); ``max_tp``
-    raises or lowers the NVLink-domain bound on tp. Other plan keys in ``fixed`` (``seq_len``, ``precision``,
-    ``micro_batch``...) are set in every layout; the free knobs left out stay free for the simulator to choose.
+    A degree given as a value or a list is searched over those values only (still subject to the rules above);
+    ``max_tp`` raises or lowers the NVLink-domain bound on tp. Other plan keys in ``fixed`` (``seq_len``,
+    ``precision``, ``micro_batch``...) are set in every layout, read as a plan file reads them; the free knobs left
+    out stay free for the simulator to choose. A combination the fixed knobs do not suit (``vp=2`` where pp is 1) is
+    no layout.
     Layouts come in the order of tp, pp, cp, ep and zero stage, each ascending.
 
     Examples
@@ -73,19 +75,30 @@ def layouts(
     >>> sorted({p.tp for p in found}), sorted({p.cp for p in found})
     ([1, 2, 4, 8], [1, 2])
     """
+    for name, spec, kind in (("model", model, ModelSpec), ("cluster", cluster, ClusterSpec)):
+        if not isinstance(spec, kind):
+            raise SpecError(f"layouts: {name}", f"must be a {kind.__name__}, got {type(spec).__name__}", "load it")
     for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecError(f"layouts: {name}", f"must be a whole number >= 1, got {value!r}", f"give {name}")
-    seq_len = int(fixed.get("seq_len") or model.seq_len)
-    domain = cluster.nvlink_domain_gpus
-    tp_bound = domain if max_tp is None else max_tp
-    tps = [
-        t
-        for t in _given("tp", tp, _divisors(num_gpus))
-        if t <= tp_bound and model.heads % t == 0 and model.kv_heads % t == 0 and num_gpus % t == 0
-    ]
+    if max_tp is not None and (isinstance(max_tp, bool) or not isinstance(max_tp, int) or max_tp < 1):
+        raise SpecError("layouts: max_tp", f"must be a whole number >= 1, got {max_tp!r}", "give the largest tp to try")
+    knobs = _fixed(fixed)
+    seq_len = int(knobs.get("seq_len") or model.seq_len)
+    tp_bound = cluster.nvlink_domain_gpus if max_tp is None else max_tp
+    candidates = _given("tp", tp, _divisors(num_gpus))
+    tps = [t for t in candidates if model.heads % t == 0 and model.kv_heads % t == 0 and num_gpus % t == 0]
+    if tp is not None and candidates and not tps:
+        raise SpecError(
+            "layouts: tp",
+            f"{', '.join(map(str, candidates))} must divide the GPU count ({num_gpus}), the heads ({model.heads}) and "
+            f"the KV heads ({model.kv_heads}), as Megatron-Core splits them",
+            "give a tp that divides them",
+        )
+    tps = [t for t in tps if t <= tp_bound]
     zeros = _given("zero_stage", zero_stage, DEFAULT_ZERO_STAGES)
     out = []
+    refused: list[str] = []  # why combinations with the fixed knobs are no plan (vp 2 beside pp 1, say)
     for t in tps:
         for p in _given("pp", pp, _divisors(num_gpus // t)):
             if (num_gpus // t) % p or not _splits_layers(model.layers, p):
@@ -98,20 +111,57 @@ def layouts(
                     continue  # Megatron-LM asserts that dp divides the global batch
                 for e in _expert_degrees(model, t, dp, c, ep):
                     for z in zeros:
-                        out.append(
-                            PlanSpec(tp=t, pp=p, dp=dp, cp=c, ep=e, zero_stage=z, global_batch=global_batch, **fixed)
-                        )
+                        try:
+                            layout = PlanSpec(
+                                tp=t, pp=p, dp=dp, cp=c, ep=e, zero_stage=z, global_batch=global_batch, **knobs
+                            )
+                        except SpecError as err:
+                            refused.append(f"{err.where}: {err.what}")
+                            continue
+                        out.append(layout)
+    if not out and refused:
+        raise SpecError(
+            "layouts", f"no layout takes the knobs given: {refused[0]}", "change or leave out the knob it names"
+        )
     return out
 
 
-def _given(name: str, values: Sequence[int] | None, default: Iterable[int]) -> list[int]:
+def _fixed(fixed: dict[str, Any]) -> dict[str, Any]:
+    """The plan keys every layout shares, read as a plan file reads them ('auto' leaves a free knob free)."""
+    out = {}
+    for key, value in fixed.items():
+        if key in (*SEARCHED, "dp", "global_batch"):
+            raise SpecError(
+                f"layouts: {key}",
+                "is searched or derived here, not a knob every layout shares",
+                "give the degrees to search as lists (tp=[4, 8]); dp follows from the GPU count",
+            )
+        read = PlanSpec.read_value(key, value, "layouts")
+        if read is not None:
+            out[key] = read
+    return out
+
+
+def _given(name: str, values: Sequence[int] | int | None, default: Iterable[int]) -> list[int]:
+    """The values of a searched degree: the default range, or those given (one value or a list), checked."""
     if values is None:
         return sorted(set(default))
+    if isinstance(values, int) and not isinstance(values, bool):
+        values = [values]
+    if not isinstance(values, Sequence) or isinstance(values, str):
+        raise SpecError(f"layouts: {name}", f"must be a whole number or a list of them, got {values!r}", "e.g. [4, 8]")
+    low = 0 if name == "zero_stage" else 1
+    high = 3 if name == "zero_stage" else None
     out = []
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "zero_stage" else 1):
-            raise SpecError(f"layouts: {name}", f"must hold whole numbers >= 1, got {v!r}", f"fix the {name} values")
+        if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+            bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise SpecError(
+                f"layouts: {name}", f"must hold whole numbers {bounds}, got {v!r}", f"fix the {name} values"
+            )
         out.append(v)
+    if not out:
+        raise SpecError(f"layouts: {name}", "is an empty list", "give at least one value, or leave it out")
     return sorted(set(out))
 
 
@@ -134,7 +184,7 @@ def _cp_degrees(seq_len: int) -> list[int]:
     return degrees
 
 
-def _expert_degrees(model: ModelSpec, tp: int, dp: int, cp: int, ep: Sequence[int] | None) -> list[int]:
+def _expert_degrees(model: ModelSpec, tp: int, dp: int, cp: int, ep: Sequence[int] | int | None) -> list[int]:
     if model.moe is None:
         return [1]
     experts = model.moe.num_experts

@@ -55,8 +55,9 @@ class AutoPlan:
         return tuple(self.ranked[i].result for i in self.best_layouts)  # type: ignore[misc]
 
     def status(self, index: int) -> str:
-        """``ok``, ``out_of_memory``, ``cannot_run`` or ``pruned`` (it fits, but its lower bound cannot beat the
-        ``top`` fastest, so the engine never ran it)."""
+        """``ok`` (among the ``top`` fastest, with its result), ``out_of_memory``, ``cannot_run`` or ``pruned`` (it
+        fits, but is not among the ``top`` fastest: the engine ran its candidates only as far as it took to show
+        that, and its result is not kept)."""
         result = self.ranked[index].result
         return "pruned" if result is None else result.status
 
@@ -74,8 +75,8 @@ class AutoPlan:
         for i, (plan, entry) in enumerate(zip(self.layouts, self.ranked, strict=True)):
             if entry.result is None:
                 reason = (
-                    f"pruned: its lower bound {fmt_seconds(entry.bound_s)} cannot beat the {self.top} fastest layout"
-                    + ("s" if self.top != 1 else "")
+                    f"pruned: not among the {self.top} fastest layout{'s' if self.top != 1 else ''}, so not timed to "
+                    f"the end (the lower bound of its candidates: {fmt_seconds(entry.bound_s)})"
                 )
                 row = infeasible_result(model, cluster, plan, reason).to_row()
                 row["feasible"] = True  # it fits; only its time was not worth the engine's
@@ -100,11 +101,11 @@ def autoplan(
     global_batch: int,
     *,
     top: int = 5,
-    tp: Sequence[int] | None = None,
-    pp: Sequence[int] | None = None,
-    cp: Sequence[int] | None = None,
-    ep: Sequence[int] | None = None,
-    zero_stage: Sequence[int] | None = None,
+    tp: Sequence[int] | int | None = None,
+    pp: Sequence[int] | int | None = None,
+    cp: Sequence[int] | int | None = None,
+    ep: Sequence[int] | int | None = None,
+    zero_stage: Sequence[int] | int | None = None,
     max_tp: int | None = None,
     workers: int = 1,
     **fixed: Any,
@@ -115,7 +116,8 @@ def autoplan(
     ``tp``, ``pp``, ``cp``, ``ep``, ``zero_stage`` and ``max_tp`` narrow the search
     (:func:`simulator.search.layouts.layouts`); other plan keys in ``fixed`` (``seq_len``, ``precision``,
     ``attention``, ``micro_batch``...) hold for every layout, and the free knobs left out are chosen per layout.
-    ``workers`` local processes share the layouts (the answer is the same with any number).
+    ``workers`` local processes share the layouts; the answer is the same with any number of them (only the ``top``
+    keep their results).
 
     Raises
     ------
@@ -155,6 +157,14 @@ def autoplan(
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise SpecError("autoplan: workers", f"must be a whole number >= 1, got {workers!r}", "use 1 to run in-process")
     ranked = _ranked(model, cluster, found, top, min(workers, len(found)))
+    # Only the top keep their results: which other layouts a ranking happens to time to the end depends on how the
+    # layouts were shared among the workers, and the answer must not.
+    timed = sorted((r.result.step_time_s, i) for i, r in enumerate(ranked) if r.result and r.result.feasible)
+    best = {i for _, i in timed[:top]}
+    ranked = [
+        Ranked(None, r.bound_s) if r.result is not None and r.result.feasible and i not in best else r
+        for i, r in enumerate(ranked)
+    ]
     return AutoPlan(model.name, cluster.name, num_gpus, global_batch, top, tuple(found), tuple(ranked))
 
 

@@ -372,14 +372,16 @@ class PlanSpec:
         return {field.name: getattr(self, field.name) for field in fields(self)}
 
     @classmethod
-    def check_value(cls, key: str, value: Any, where: str) -> None:
-        """Check one value of one plan key as a plan file's reader does (its type, range or choices; ``auto`` only
-        where the simulator chooses or derives the key), without the rules between keys: what a sweep checks of
-        every value of an axis before it combines them, so that ``tp: [4, x]`` is bad input while ``vp: 2`` beside
-        ``pp: 1`` is only one combination that is no plan.
+    def read_value(cls, key: str, value: Any, where: str) -> Any:
+        """One value of one plan key as a plan file's reader reads it: checked (its type, range or choices; ``auto``
+        only where the simulator chooses or derives the key) and in its canonical form (``Full`` is ``full``, ``8.0``
+        is 8, ``auto`` is None), without the rules between keys: what a sweep reads of every value of an axis before
+        it combines them, so that ``tp: [4, x]`` is bad input while ``vp: 2`` beside ``pp: 1`` is only one
+        combination that is no plan.
 
-        >>> PlanSpec.check_value("tp", 4, "grid")
-        >>> PlanSpec.check_value("tp", "x", "--tp")  # doctest: +ELLIPSIS
+        >>> PlanSpec.read_value("recompute", "Full", "grid"), PlanSpec.read_value("micro_batch", "auto", "grid")
+        ('full', None)
+        >>> PlanSpec.read_value("tp", "x", "--tp")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         simulator.errors.SpecError: --tp: tp: must be a whole number, got the text 'x'; ...
@@ -389,14 +391,14 @@ class PlanSpec:
             raise SpecError(f"{where}: {key}", f"is not a plan key{did_you_mean(key, known)}", "use a PlanSpec field")
         if isinstance(value, str) and value.strip().lower() in AUTO:
             if key in FREE_KNOBS or key in AUTO_DERIVED:
-                return
+                return None
             raise SpecError(
                 f"{where}: {key}",
                 f"is {value!r}, but the simulator does not choose {key} (it chooses {', '.join(FREE_KNOBS)})",
                 f"give {key} a value",
             )
         reader = _KNOB_READERS.get(key) or _LAYOUT_READERS[key]
-        reader(Fields({key: value}, where), key, None)
+        return reader(Fields({key: value}, where), key, None)
 
     def with_(self, **changes: Any) -> PlanSpec:
         """A copy with some fields changed (``dataclasses.replace``); an unknown field is a SpecError naming it."""

@@ -177,7 +177,7 @@ def test_plan_where_nothing_fits_exits_3(capsys: pytest.CaptureFixture[str]) -> 
         (["--precision", "bf16,fp8"], "--precision: takes one value in plan"),
         (["--dp", "4"], "--dp: is what the planner derives"),
         (["--set", "cluster.nics_per_node=4,8"], "takes one value in plan"),
-        (["--tp", "3"], "no layout of llama3-8b fits the rules"),
+        (["--tp", "3"], "tp: 3 must divide the GPU count (16), the heads (32)"),
         (["--zero", "7"], "zero_stage: must be <= 3"),
     ],
 )
@@ -202,3 +202,81 @@ def test_shipped_sweep_grids_build_their_cases(path: Path) -> None:
     cases = cases_from_mapping(load_yaml_file(path), str(path))
     assert cases
     assert all(case.plan is not None for case in cases)
+
+
+def test_sweep_set_axis_without_a_grid_file(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*BASE, "--tp", "4", *FIXED, "--set", "cluster.nic_bandwidth_gbit_per_s=200,400", "--format", "csv"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    assert list(pd.read_csv(io.StringIO(out))["set.cluster.nic_bandwidth_gbit_per_s"]) == [200, 400]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--top", "-1"], "--top: must be >= 1"),
+        (["--set", "cluster.nics_per_node=4", "--set", "cluster.nics_per_node=8"], "is given twice"),
+        (["--dask-scheduler", "notaurl"], "scheduler notaurl: cannot be reached"),
+    ],
+)
+def test_more_sweep_bad_input(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([*BASE, "--tp", "4", *FIXED, *extra], capsys)
+    assert code == 2
+    assert message in err
+
+
+def test_sweep_never_writes_over_a_model_in_its_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "m.yaml"
+    model.write_text((Path(__file__).resolve().parents[2] / "models" / "llama3-8b.yaml").read_text())
+    argv = ["sweep", "--model", f"{model},llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "16"]
+    code, _, err = run([*argv, "--out", str(model)], capsys)
+    assert code == 2
+    assert "is an input of this command" in err
+
+
+def test_plan_takes_set_plan_keys_and_the_printed_command_reproduces_booleans(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    extra = ["--set", "plan.tp=2", "--sequence-parallel", "true", "--tp-overlap", "false", "--zero", "1", "--top", "1"]
+    code, out, _ = run([*PLAN, *extra, "--workers", "1"], capsys)
+    assert code == 0
+    command = out.splitlines()[-1].split()
+    assert "--sequence-parallel" in command
+    assert "--no-tp-overlap" in command
+    assert command.count("--tp") == 1
+    code, again, err = run(command[1:], capsys)
+    assert code == 0, err
+    header, first = out.splitlines()[3].split(), out.splitlines()[4].split()
+    assert f"step time {first[header.index('step')]} s" in again
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--set", "plan.dp=2"], "is what the planner derives"),
+        (["--set", "plan.bogus=1"], "bogus: is not a plan key"),
+        (["--set", "plan.tp=2", "--tp", "4"], "--set plan.tp: is also given as --tp"),
+        (["--top", "0"], "--top: must be >= 1"),
+        (["--max-tp", "0"], "max_tp: must be a whole number >= 1"),
+    ],
+)
+def test_more_plan_bad_input(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run([*PLAN, *extra, "--workers", "1"], capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_plan_with_a_knob_some_layouts_do_not_take(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run([*PLAN, "--vp", "2", "--zero", "1", "--top", "1", "--workers", "1"], capsys)
+    assert code == 0
+    assert "--vp 2" in out.splitlines()[-1]
+
+
+def test_plan_gives_the_same_bytes_on_any_number_of_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    outputs = []
+    for workers in ("1", "2"):
+        code, out, _ = run([*PLAN, "--zero", "1", "--top", "3", "--format", "csv", "--workers", workers], capsys)
+        assert code == 0
+        outputs.append(out)
+    assert outputs[0] == outputs[1]

@@ -278,3 +278,59 @@ def test_cases_from_a_grid_mapping_label_what_ifs() -> None:
 def test_bad_grid_mappings(data: object, message: str) -> None:
     with pytest.raises(SpecError, match=message):
         cases_from_mapping(data, "grid.yaml")
+
+
+def test_axis_values_are_read_canonically_and_kept_once(tiny_model: ModelSpec, toy_cluster: ClusterSpec) -> None:
+    cases = grid(
+        tiny_model, toy_cluster, gpus=[8, 8.0], recompute=["full", "Full"], micro_batch=["auto", 1], global_batch=16
+    )
+    assert [(c.plan.recompute, c.plan.micro_batch) for c in cases if c.plan] == [("full", None), ("full", 1)]
+
+
+def test_a_non_finite_value_is_bad_input(tiny_model: ModelSpec, toy_cluster: ClusterSpec) -> None:
+    with pytest.raises(SpecError, match="expert_imbalance: must be finite"):
+        grid(tiny_model, toy_cluster, gpus=8, expert_imbalance=[math.nan, 1.0], global_batch=16)
+    with pytest.raises(SpecError, match="expert_imbalance: must be finite"):
+        cases_from_mapping(
+            {
+                "model": "llama3-8b",
+                "cluster": "dgx-h100",
+                "global_batch": 8,
+                "set": {"plan.expert_imbalance": [math.inf]},
+            },
+            "grid.yaml",
+        )
+
+
+def test_parquet_takes_columns_that_mix_types(tiny_model: ModelSpec, toy_cluster: ClusterSpec, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    plan = PlanSpec(dp=8, global_batch=16, **FIXED)
+    cases = [
+        Case(tiny_model, toy_cluster, plan, labels={"what": 1}),
+        Case(tiny_model, toy_cluster, plan, labels={"what": "x"}),
+    ]
+    sweep(cases, out=tmp_path / "rows.parquet")
+    assert list(pd.read_parquet(tmp_path / "rows.parquet")["what"]) == ["1", "x"]
+
+
+def test_journal_rows_of_other_columns_are_redone(
+    tiny_model: ModelSpec, toy_cluster: ClusterSpec, tmp_path: Path
+) -> None:
+    case = Case(tiny_model, toy_cluster, PlanSpec(dp=8, global_batch=16, **FIXED))
+    key = sweep_module._case_keys([case], True)[0]
+    (tmp_path / "rows.csv.journal").write_text(json.dumps({"key": key, "row": {"status": "ok", "mfu": None}}) + "\n")
+    frame = sweep([case], out=tmp_path / "rows.csv")
+    assert frame.loc[0, "mfu"] > 0
+
+
+@pytest.mark.parametrize("labels", ["ab", ["ab"], [("a",)]])
+def test_labels_must_be_named_pairs(tiny_model: ModelSpec, toy_cluster: ClusterSpec, labels: object) -> None:
+    with pytest.raises(SpecError, match="labels: must be a mapping of names to values"):
+        Case(tiny_model, toy_cluster, PlanSpec(global_batch=8), labels=labels)  # type: ignore[arg-type]
+
+
+def test_a_malformed_scheduler_address_is_bad_input(tiny_model: ModelSpec, toy_cluster: ClusterSpec) -> None:
+    pytest.importorskip("distributed")
+    case = Case(tiny_model, toy_cluster, PlanSpec(dp=8, global_batch=16, **FIXED))
+    with pytest.raises(SpecError, match="scheduler notaurl: cannot be reached"):
+        sweep([case], scheduler="notaurl")

@@ -963,7 +963,6 @@ def _list_option(text: str, where: str) -> list[Any]:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    import os
     import time
 
     from simulator.sweep import cases_from_mapping, sweep
@@ -1000,8 +999,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             raise SpecError(flag, "is required (on the command line or in the grid file)", f"give {flag}")
     _refuse_output_among(args.out, [*_refs(data.get("model")), *_refs(data.get("cluster"))])
     cases = cases_from_mapping(data, where)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = args.workers if args.workers is not None else max(1, min(cpus, len(cases)))
+    workers = args.workers if args.workers is not None else max(1, min(_cpus(), len(cases)))
     if workers < 1:
         raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
     show = sys.stderr.isatty()
@@ -1054,6 +1052,13 @@ def _simulate_flag(args: argparse.Namespace, key: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [flag if value else "--no-" + flag.removeprefix("--")]
     return [flag, str(value)]
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform tells it)."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _refs(value: Any) -> list[str]:
@@ -1169,7 +1174,6 @@ def _sweep_cell(value: Any) -> str:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    import os
     import shlex
     import time
 
@@ -1224,8 +1228,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise SpecError(flag, "is required", f"give {flag}")
     if args.top < 1:
         raise SpecError("--top", f"must be >= 1, got {args.top}", "rank 1 or more layouts")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = args.workers if args.workers is not None else cpus
+    workers = args.workers if args.workers is not None else _cpus()
     if workers < 1:
         raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
     start = time.perf_counter()

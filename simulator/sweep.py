@@ -130,7 +130,6 @@ def grid(
     """
     models = _as_list(model, ModelSpec, "model")
     clusters = _as_list(cluster, ClusterSpec, "cluster")
-    counts: list[int | None] = [None] if gpus is None else list(_axis("grid", "gpus", gpus))
     known = PlanSpec.field_names()
     for key in knobs:
         if key not in known:
@@ -139,14 +138,8 @@ def grid(
             raise SpecError(f"grid: {key}", f"is not a plan knob{did_you_mean(key, known)}", "use a PlanSpec field")
     if "global_batch" not in knobs:
         raise SpecError("grid: global_batch", "is required", "give the sequences per optimizer step")
-    if gpus is not None and "dp" in knobs:
-        raise SpecError("grid: dp", "is derived from gpus when gpus is given", "give gpus or dp, not both")
-    axes = {key: _axis("grid", key, value) for key, value in knobs.items()}
-    size = len(models) * len(clusters) * len(counts) * math.prod(len(v) for v in axes.values())
-    if size > MAX_CASES:
-        raise SpecError(
-            "grid", f"has {size:,} combinations, more than {MAX_CASES:,}", "sweep fewer values, or split the sweep"
-        )
+    counts, axes = _plan_axes("grid", knobs, gpus)
+    _check_size("grid", len(models) * len(clusters) * len(counts) * math.prod(len(v) for v in axes.values()))
     cases = []
     for m, c, count in itertools.product(models, clusters, counts):
         for combo in itertools.product(*axes.values()):
@@ -206,24 +199,10 @@ def cases_from_mapping(data: Any, where: str) -> list[Case]:
             set_axes[str(dotted)] = (scope, name, _axis(f"{where}: set", name, values))
         else:
             set_axes[str(dotted)] = (scope, name, _values(f"{where}: set: {dotted}", values))
-    gpus = data.get("gpus")
-    counts: tuple[Any, ...] = (None,) if gpus is None else _axis(where, "gpus", gpus)
-    if gpus is not None and data.get("dp") is not None:
-        raise SpecError(f"{where}: dp", "is derived from gpus when gpus is given", "give gpus or dp, not both")
-    plan_axes = {
-        key: _axis(where, key, value)
-        for key, value in data.items()
-        if key in PlanSpec.field_names() and value is not None
-    }
-    size = (
-        len(models)
-        * len(clusters)
-        * len(counts)
-        * math.prod(len(v[2]) for v in set_axes.values())
-        * math.prod(len(v) for v in plan_axes.values())
-    )
-    if size > MAX_CASES:
-        raise SpecError(where, f"has {size:,} combinations, more than {MAX_CASES:,}", "sweep fewer values")
+    knobs = {key: value for key, value in data.items() if key in PlanSpec.field_names() and value is not None}
+    counts, plan_axes = _plan_axes(where, knobs, data.get("gpus"))
+    what_ifs = math.prod(len(v[2]) for v in set_axes.values())
+    _check_size(where, len(models) * len(clusters) * len(counts) * what_ifs * math.prod(map(len, plan_axes.values())))
     loaded_models: dict[tuple[str, str], ModelSpec] = {}
     loaded_clusters: dict[tuple[str, str], ClusterSpec] = {}
     cases = []
@@ -301,7 +280,8 @@ def sweep(
     if len(todo) > MAX_CASES:
         raise SpecError("sweep", f"has {len(todo):,} cases, more than {MAX_CASES:,}", "split the sweep")
     out_path = output_path(out)
-    keys = _case_keys(todo, time_oom)
+    spec_keys = _spec_keys(todo)
+    keys = _case_keys(todo, time_oom, spec_keys)
     rows: dict[int, dict[str, Any]] = {}
     journal = None
     if out_path is not None:
@@ -313,7 +293,7 @@ def sweep(
         progress(done, total)
     pending = [i for i in range(total) if i not in rows]
     with _Journal(journal) as log:
-        for batch in _run(todo, pending, keys, workers, scheduler, time_oom):
+        for batch in _run(todo, pending, spec_keys, workers, scheduler, time_oom):
             for index, row in batch:
                 rows[index] = row
             log.write((keys[index], rows[index]) for index, _ in batch)
@@ -388,6 +368,21 @@ def _axis(where: str, key: str, value: Any) -> tuple[Any, ...]:
     return tuple(unique)
 
 
+def _plan_axes(where: str, knobs: Mapping[str, Any], gpus: Any) -> tuple[tuple[Any, ...], dict[str, tuple[Any, ...]]]:
+    """The GPU counts (None: dp given instead) and the plan axes of a grid, each value read."""
+    if gpus is not None and knobs.get("dp") is not None:
+        raise SpecError(f"{where}: dp", "is derived from gpus when gpus is given", "give gpus or dp, not both")
+    counts = (None,) if gpus is None else _axis(where, "gpus", gpus)
+    return counts, {key: _axis(where, key, value) for key, value in knobs.items()}
+
+
+def _check_size(where: str, size: int) -> None:
+    if size > MAX_CASES:
+        raise SpecError(
+            where, f"has {size:,} combinations, more than {MAX_CASES:,}", "sweep fewer values, or split the sweep"
+        )
+
+
 def _case(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -426,23 +421,25 @@ def _as_case(item: Any, index: int) -> Case:
 # -- running ---------------------------------------------------------------------------------------------------
 
 
-def _case_keys(cases: list[Case], time_oom: bool) -> list[str]:
-    """A stable hash of each case's inputs (the journal's key): the specs' reprs (every field), hashed once per
-    distinct spec object."""
-    memo: dict[int, str] = {}
+def _spec_keys(cases: list[Case]) -> dict[int, str]:
+    """A hash of every distinct model and cluster object's repr (all its fields), by object id."""
+    keys: dict[int, str] = {}
+    for case in cases:
+        for spec in (case.model, case.cluster):
+            if id(spec) not in keys:
+                keys[id(spec)] = hashlib.sha256(repr(spec).encode()).hexdigest()
+    return keys
 
-    def spec_hash(spec: Any) -> str:
-        got = memo.get(id(spec))
-        if got is None:
-            got = memo[id(spec)] = hashlib.sha256(repr(spec).encode()).hexdigest()
-        return got
 
+def _case_keys(cases: list[Case], time_oom: bool, spec_keys: dict[int, str] | None = None) -> list[str]:
+    """A stable hash of each case's inputs (the journal's key)."""
+    specs = _spec_keys(cases) if spec_keys is None else spec_keys
     keys = []
     for case in cases:
         text = "|".join(
             (
-                spec_hash(case.model),
-                spec_hash(case.cluster),
+                specs[id(case.model)],
+                specs[id(case.cluster)],
                 repr(case.plan),
                 repr(case.labels),
                 case.problem,
@@ -455,7 +452,7 @@ def _case_keys(cases: list[Case], time_oom: bool) -> list[str]:
 
 
 def _run(
-    cases: list[Case], pending: list[int], keys: list[str], workers: int, scheduler: Any, time_oom: bool
+    cases: list[Case], pending: list[int], spec_keys: dict[int, str], workers: int, scheduler: Any, time_oom: bool
 ) -> Iterator[list[tuple[int, dict[str, Any]]]]:
     """Rows of the pending cases, in batches as they finish."""
     if not pending:
@@ -465,10 +462,6 @@ def _run(
         for start in range(0, len(pending), step):
             yield [(i, _row(cases[i], time_oom)) for i in pending[start : start + step]]
         return
-    spec_keys: dict[int, str] = {}
-    for case in cases:
-        for spec in (case.model, case.cluster):
-            spec_keys.setdefault(id(spec), hashlib.sha256(repr(spec).encode()).hexdigest())
     # Cases that share specs go together, so that a worker's cost-model and program caches serve a whole chunk.
     order = sorted(pending, key=lambda i: (spec_keys[id(cases[i].model)], spec_keys[id(cases[i].cluster)], i))
     parallel = workers if scheduler is None else 64

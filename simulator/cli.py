@@ -1174,7 +1174,6 @@ def _sweep_cell(value: Any) -> str:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    import shlex
     import time
 
     from simulator.search.layouts import SEARCHED, axes_of
@@ -1243,63 +1242,74 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     frame = found.to_frame(model, cluster)
     if out is not None:
         write_frame(frame, out)
-    counts = found.counts()
     best = found.best
     if args.format == "csv":
         sys.stdout.write(frame.to_csv(index=False, lineterminator="\n"))
     elif args.format == "json":
-        summary = {"layouts": len(found.layouts), **counts, "searched": axes_of(found.layouts), "top": args.top}
+        summary = {"layouts": len(found.layouts), **found.counts(), "searched": axes_of(found.layouts), "top": args.top}
         data = {"summary": summary, "best": [r.to_dict() for r in best], "layouts": frame.to_dict("records")}
         print(json.dumps(_json_safe(data), indent=2))
     else:
-        seq = fixed.get("seq_len") or model.seq_len
         used = min(workers, len(found.layouts))
         ran = f"{used} workers" if used > 1 else "in this process"
-        axes = " · ".join(
-            f"{_SWEEP_HEADINGS.get(k, k)} {','.join(map(str, v))}" for k, v in axes_of(found.layouts).items()
-        )
-        lines = [
-            f"autoplan: {model.name} on {cluster.name}, {gpus:,} GPUs, global batch {batch:,} × {seq:,} tokens, "
-            f"{fixed.get('precision', 'bf16')}",
-            f"searched {len(found.layouts):,} layouts ({axes}) in {fmt_seconds(elapsed)} ({ran}): {counts['ok']:,} "
-            f"timed, {counts['pruned']:,} ruled out by a lower bound, {counts['out_of_memory']:,} out of memory, "
-            f"{counts['cannot_run']:,} cannot run",
-        ]
-        if best:
-            rows = frame.set_index("layout").loc[list(found.best_layouts)]
-            knobs_shown = ["tp", "pp", "dp", "cp", *(["ep"] if model.moe is not None else []), "zero_stage", "vp"]
-            knobs_shown += ["micro_batch", "recompute"]
-            knobs_shown += ["recompute_layers"] if rows["plan.recompute_layers"].notna().any() else []
-            head = [(f"plan.{k}", _SWEEP_HEADINGS.get(k, k)) for k in knobs_shown]
-            lines.append(f"best {len(best)}, fastest first:")
-            lines += _ranking(rows, head)
-            p = best[0].plan
-            # The user's fixed knobs, then the layout and the choices that made the fastest: simulate's own flags.
-            knobs: dict[str, Any] = dict(fixed)
-            for key in ("tp", "pp", "cp", "ep", "zero_stage", "vp", "micro_batch", "recompute", "recompute_layers"):
-                value = getattr(p, key)
-                if value is not None and (key not in ("cp", "ep") or value > 1 or key in fixed):
-                    knobs[key] = value
-            knobs["grad_overlap"] = p.grad_overlap
-            command = ["clustersim", "simulate", "--model", args.model, "--cluster", args.cluster]
-            command += ["--gpus", str(gpus), "--global-batch", str(batch)]
-            for key, value in knobs.items():
-                command += _simulate_flag(args, key, value)
-            command += [x for item in args.set if not item.strip().startswith("plan.") for x in ("--set", item)]
-            lines.append("the fastest in detail (breakdown, memory per stage; add --trace step.json for its timeline):")
-            lines.append("  " + shlex.join(str(part) for part in command))
-        else:
-            closest = frame[frame["status"] == "out_of_memory"].sort_values(["over_bytes", "layout"], kind="stable")
-            if not closest.empty:
-                lines.append(
-                    f"nothing fits; the closest is layout {int(closest.iloc[0]['layout'])}: {closest.iloc[0]['reason']}"
-                )
-            reasons = frame.loc[frame["status"] == "cannot_run", "reason"].value_counts()
-            lines += [f"  {n:,} × {reason}" for reason, n in list(reasons.items())[:_SWEEP_REASONS_SHOWN]]
-        print("\n".join(lines))
+        print(_plan_table(args, found, frame, model, fixed, f"{fmt_seconds(elapsed)} ({ran})"))
         if out is not None:
             print(f"wrote {len(frame):,} rows to {out}")
     return EXIT_OK if best else EXIT_INFEASIBLE
+
+
+def _plan_table(
+    args: argparse.Namespace, found: Any, frame: Any, model: ModelSpec, fixed: dict[str, Any], took: str
+) -> str:
+    """The planner's table: what it searched and what became of the layouts, the best ones, and the command that
+    simulates the fastest (or, where nothing fits, the closest and why the rest cannot run)."""
+    from simulator.search.layouts import axes_of
+
+    counts = found.counts()
+    seq = fixed.get("seq_len") or model.seq_len
+    axes = " · ".join(f"{_SWEEP_HEADINGS.get(k, k)} {','.join(map(str, v))}" for k, v in axes_of(found.layouts).items())
+    lines = [
+        f"autoplan: {model.name} on {found.cluster}, {found.num_gpus:,} GPUs, global batch {found.global_batch:,} × "
+        f"{seq:,} tokens, {fixed.get('precision', 'bf16')}",
+        f"searched {len(found.layouts):,} layouts ({axes}) in {took}: {counts['ok']:,} timed, {counts['pruned']:,} "
+        f"ruled out by a lower bound, {counts['out_of_memory']:,} out of memory, {counts['cannot_run']:,} cannot run",
+    ]
+    best = found.best
+    if not best:
+        closest = frame[frame["status"] == "out_of_memory"].sort_values(["over_bytes", "layout"], kind="stable")
+        if not closest.empty:
+            row = closest.iloc[0]
+            lines.append(f"nothing fits; the closest is layout {int(row['layout'])}: {row['reason']}")
+        reasons = frame.loc[frame["status"] == "cannot_run", "reason"].value_counts()
+        lines += [f"  {n:,} × {reason}" for reason, n in list(reasons.items())[:_SWEEP_REASONS_SHOWN]]
+        return "\n".join(lines)
+    rows = frame.set_index("layout").loc[list(found.best_layouts)]
+    shown = ["tp", "pp", "dp", "cp", *(["ep"] if model.moe is not None else []), "zero_stage", "vp", "micro_batch"]
+    shown += ["recompute", *(["recompute_layers"] if rows["plan.recompute_layers"].notna().any() else [])]
+    lines.append(f"best {len(best)}, fastest first:")
+    lines += _ranking(rows, [(f"plan.{k}", _SWEEP_HEADINGS.get(k, k)) for k in shown])
+    lines.append("the fastest in detail (breakdown, memory per stage; add --trace step.json for its timeline):")
+    lines.append("  " + _reproducing_command(args, found, fixed, best[0].plan))
+    return "\n".join(lines)
+
+
+def _reproducing_command(args: argparse.Namespace, found: Any, fixed: dict[str, Any], plan: PlanSpec) -> str:
+    """The `clustersim simulate` command of a layout the planner found: the user's fixed knobs, then the layout and
+    the choices the search made, in simulate's own flags, and the what-ifs as given."""
+    import shlex
+
+    knobs: dict[str, Any] = dict(fixed)
+    for key in ("tp", "pp", "cp", "ep", "zero_stage", "vp", "micro_batch", "recompute", "recompute_layers"):
+        value = getattr(plan, key)
+        if value is not None and (key not in ("cp", "ep") or value > 1 or key in fixed):
+            knobs[key] = value
+    knobs["grad_overlap"] = plan.grad_overlap
+    command = ["clustersim", "simulate", "--model", args.model, "--cluster", args.cluster]
+    command += ["--gpus", str(found.num_gpus), "--global-batch", str(found.global_batch)]
+    for key, value in knobs.items():
+        command += _simulate_flag(args, key, value)
+    command += [part for item in args.set if not item.strip().startswith("plan.") for part in ("--set", item)]
+    return shlex.join(command)
 
 
 def _build_parser() -> _Parser:

@@ -42,6 +42,7 @@ from simulator.parallel.program import (
 )
 from simulator.parallel.schedule import generate, schedule_with_in_flight, stage_in_flight
 from simulator.parallel.stages import Chunk, most_layers_per_chunk, partition
+from simulator.specs._fields import check_whole
 from simulator.specs.calibration import CalibrationTable
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import list_names, load_calibration
@@ -49,7 +50,16 @@ from simulator.specs.model import ModelSpec
 from simulator.specs.plan import FREE_KNOBS, PlanSpec
 from simulator.units import fmt_bytes
 
-__all__ = ["DEFAULT_OVERLAP_SLOWDOWN", "Ranked", "StepResult", "infeasible_result", "rank", "row_columns", "simulate"]
+__all__ = [
+    "DEFAULT_OVERLAP_SLOWDOWN",
+    "Ranked",
+    "StepResult",
+    "check_spec",
+    "infeasible_result",
+    "rank",
+    "row_columns",
+    "simulate",
+]
 
 # Slowdown of compute kernels that run while NCCL kernels share the GPU (SMs and HBM taken by the collective);
 # used when the cluster's calibration table has no measured value. source: average computational slowdown
@@ -417,13 +427,8 @@ def simulate(
     >>> r.feasible, r.step_time_s > 0
     (True, True)
     """
-    for name, value, kind, fix in (
-        ("model", model, ModelSpec, "load one with simulator.specs.load_model(name or path)"),
-        ("cluster", cluster, ClusterSpec, "load one with simulator.specs.load_cluster(name or path)"),
-        ("plan", plan, PlanSpec, "build one with simulator.specs.PlanSpec(tp=..., global_batch=...)"),
-    ):
-        if not isinstance(value, kind):  # a name or a dict where a spec belongs: say so, not an AttributeError
-            raise SpecError(f"simulate: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", fix)
+    for name, value in (("model", model), ("cluster", cluster), ("plan", plan)):
+        check_spec(f"simulate: {name}", value)
     for name, flag in (("record", record), ("raise_infeasible", raise_infeasible), ("time_oom", time_oom)):
         if not isinstance(flag, bool | np.bool_):  # time_oom="no" is a truthy string: it had timed the step
             raise SpecError(f"simulate: {name}", f"must be True or False, got {flag!r}", "pass a bool")
@@ -472,15 +477,12 @@ def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, t
     >>> round(ranked[1].bound_s, 2), round(ranked[2].result.step_time_s, 2)  # tp 2 cannot beat tp 4: not timed
     (3.89, 3.52)
     """
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise SpecError("rank: top", f"must be a whole number >= 1, got {top!r}", "ask for the fastest 1 or more")
+    check_whole("rank: top", top, "ask for the fastest 1 or more")
     plans = list(plans)  # a generator is read once
-    for name, value, kind in (("model", model, ModelSpec), ("cluster", cluster, ClusterSpec)):
-        if not isinstance(value, kind):
-            raise SpecError(f"rank: {name}", f"must be a {kind.__name__}, got {type(value).__name__}", "load it")
+    check_spec("rank: model", model)
+    check_spec("rank: cluster", cluster)
     for i, plan in enumerate(plans):
-        if not isinstance(plan, PlanSpec):
-            raise SpecError(f"rank: plans[{i}]", f"must be a PlanSpec, got {type(plan).__name__}", "build one")
+        check_spec(f"rank: plans[{i}]", plan)
     with _CALL_LOCK, _gc_paused():
         return _rank(model, cluster, list(plans), top)
 
@@ -531,6 +533,22 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: in
         if unrun.get(pi, math.inf) > fastest[pi] * (1.0 + BOUND_SLACK):
             answers[pi] = _pick(timed)
     return [Ranked(answers[pi], bounds[pi]) for pi in range(len(plans))]
+
+
+# What each spec is and how a caller gets one, for the message when something else stands in its place.
+_SPEC_KINDS: dict[str, tuple[type, str]] = {
+    "model": (ModelSpec, "load one with simulator.specs.load_model(name or path)"),
+    "cluster": (ClusterSpec, "load one with simulator.specs.load_cluster(name or path)"),
+    "plan": (PlanSpec, "build one with simulator.specs.PlanSpec(tp=..., global_batch=...)"),
+}
+
+
+def check_spec(where: str, value: Any) -> None:
+    """Refuse a name or a dict where a spec belongs (``where`` ends with model, cluster or plan, or plans[i]): a
+    SpecError that says which spec and how to get one, not an AttributeError later."""
+    kind, fix = _SPEC_KINDS["plan" if where.endswith("]") else where.rsplit(" ", 1)[-1]]
+    if not isinstance(value, kind):
+        raise SpecError(where, f"must be a {kind.__name__}, got {type(value).__name__}", fix)
 
 
 # One call at a time per process: the cost models and program caches are shared across calls (that is what makes

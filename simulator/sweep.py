@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from simulator.errors import SpecError
 from simulator.run import infeasible_result, row_columns, simulate
+from simulator.specs._fields import check_whole
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
@@ -274,8 +275,7 @@ def sweep(
     for name, flag in (("time_oom", time_oom),):
         if not isinstance(flag, bool):
             raise SpecError(f"sweep: {name}", f"must be True or False, got {flag!r}", "pass a bool")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise SpecError("sweep: workers", f"must be a whole number >= 1, got {workers!r}", "use 1 to run in-process")
+    check_whole("sweep: workers", workers, "use 1 to run in-process")
     todo = [_as_case(item, i) for i, item in enumerate(cases)]
     if len(todo) > MAX_CASES:
         raise SpecError("sweep", f"has {len(todo):,} cases, more than {MAX_CASES:,}", "split the sweep")

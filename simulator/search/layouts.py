@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from simulator.errors import SpecError
+from simulator.run import check_spec
+from simulator.specs._fields import check_whole
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
@@ -75,14 +77,12 @@ def layouts(
     >>> sorted({p.tp for p in found}), sorted({p.cp for p in found})
     ([1, 2, 4, 8], [1, 2])
     """
-    for name, spec, kind in (("model", model, ModelSpec), ("cluster", cluster, ClusterSpec)):
-        if not isinstance(spec, kind):
-            raise SpecError(f"layouts: {name}", f"must be a {kind.__name__}, got {type(spec).__name__}", "load it")
-    for name, value in (("num_gpus", num_gpus), ("global_batch", global_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SpecError(f"layouts: {name}", f"must be a whole number >= 1, got {value!r}", f"give {name}")
-    if max_tp is not None and (isinstance(max_tp, bool) or not isinstance(max_tp, int) or max_tp < 1):
-        raise SpecError("layouts: max_tp", f"must be a whole number >= 1, got {max_tp!r}", "give the largest tp to try")
+    check_spec("layouts: model", model)
+    check_spec("layouts: cluster", cluster)
+    check_whole("layouts: num_gpus", num_gpus, "give num_gpus")
+    check_whole("layouts: global_batch", global_batch, "give global_batch")
+    if max_tp is not None:
+        check_whole("layouts: max_tp", max_tp, "give the largest tp to try")
     knobs = _fixed(fixed)
     seq_len = int(knobs.get("seq_len") or model.seq_len)
     tp_bound = cluster.nvlink_domain_gpus if max_tp is None else max_tp

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from simulator.errors import SpecError
 from simulator.run import Ranked, StepResult, infeasible_result, rank, row_columns
 from simulator.search.layouts import layouts
+from simulator.specs._fields import check_whole
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
@@ -132,8 +133,7 @@ def autoplan(
     >>> (best.plan.tp, best.plan.pp, best.plan.cp), found.counts()["ok"]
     ((1, 1, 2), 1)
     """
-    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
-        raise SpecError("autoplan: top", f"must be a whole number >= 1, got {top!r}", "ask for 1 or more layouts")
+    check_whole("autoplan: top", top, "ask for 1 or more layouts")
     found = layouts(
         model,
         cluster,
@@ -154,8 +154,7 @@ def autoplan(
             "tp must divide the heads and stay within an NVLink domain, pp split the layers, dp divide the batch",
             "change the GPU count or the global batch, or name the degrees to try",
         )
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise SpecError("autoplan: workers", f"must be a whole number >= 1, got {workers!r}", "use 1 to run in-process")
+    check_whole("autoplan: workers", workers, "use 1 to run in-process")
     ranked = _ranked(model, cluster, found, top, min(workers, len(found)))
     # Only the top keep their results: which other layouts a ranking happens to time to the end depends on how the
     # layouts were shared among the workers, and the answer must not.

@@ -448,6 +448,13 @@ def check_count(name: str, value: Any) -> None:
         raise SpecError(name, f"must be at most 2**53 ({MAX_COUNT:,}), got {fmt_number(value)}", f"fix {name}: a typo?")
 
 
+def check_whole(where: str, value: Any, fix: str) -> None:
+    """An argument of the Python API that counts something (workers, GPUs, the layouts to rank) must be a whole
+    number >= 1; ``True`` is not one."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise SpecError(where, f"must be a whole number >= 1, got {value!r}", fix)
+
+
 def check_ranges(spec: Any, minimums: Mapping[str, float], fix: str = "") -> None:
     """Each named field of ``spec`` (None skipped) must be at least its minimum, and at most MAX_COUNT; the
     SpecError names it."""

@@ -334,3 +334,9 @@ def test_a_malformed_scheduler_address_is_bad_input(tiny_model: ModelSpec, toy_c
     case = Case(tiny_model, toy_cluster, PlanSpec(dp=8, global_batch=16, **FIXED))
     with pytest.raises(SpecError, match="scheduler notaurl: cannot be reached"):
         sweep([case], scheduler="notaurl")
+
+
+def test_row_columns_are_to_rows_keys(tiny_model: ModelSpec, toy_cluster: ClusterSpec) -> None:
+    # A sweep's DataFrame is built with these columns: a key to_row gained would otherwise be dropped silently.
+    row = simulate(tiny_model, toy_cluster, PlanSpec(dp=8, global_batch=16, **FIXED)).to_row()
+    assert tuple(row) == row_columns()

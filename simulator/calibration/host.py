@@ -33,9 +33,15 @@ __all__ = ["host_cluster", "host_device", "write_yaml"]
 
 
 def host_device(
-    rows: Sequence[Measurement], *, name: str, ram_bytes: float | None = None, ranks: int = 1
+    rows: Sequence[Measurement],
+    *,
+    name: str,
+    ram_bytes: float | None = None,
+    ranks: int = 1,
+    device_bytes: float | None = None,
 ) -> DeviceSpec:
-    """A device profile from measured rows (module docstring).
+    """A device profile from measured rows (module docstring); ``device_bytes``, the GPU's own memory where the
+    profile recorded it, is its capacity instead of the host's RAM shared by ``ranks``.
 
     Raises
     ------
@@ -51,6 +57,8 @@ def host_device(
             "profile with the device probes, or pass --device with a device profile"
         )
     ram = ram_bytes if ram_bytes is not None else _ram_bytes()
+    capacity = device_bytes if device_bytes is not None else ram / max(ranks, 1)
+    capacity_source = "the GPU's memory as CUDA reports it" if device_bytes is not None else f"RAM / {ranks} ranks"
     first = next((r for r in rows if r.device), rows[0])
     peak = max(gemm)
     return DeviceSpec(
@@ -58,12 +66,12 @@ def host_device(
         vendor=first.device,
         peak_flops=(("bf16", sig(peak / TFLOP) * TFLOP),)
         + ((("fp8", sig(max(gemm8) / TFLOP) * TFLOP),) if gemm8 else ()),
-        hbm_bytes=sig(ram / max(ranks, 1) / GIB, 3) * GIB,
+        hbm_bytes=sig(capacity / GIB, 3) * GIB,
         hbm_bandwidth_bytes_per_s=sig(max(memory) / GB) * GB,
         source=(
             f"measured by clustersim calibrate on host {first.host or 'unknown'} on {first.date or 'unknown date'} "
             f"(torch {first.torch_version}): peak = best bf16 (and FP8) GEMM throughput, bandwidth = best "
-            f"memory-kernel throughput of the profile; capacity = RAM / {ranks} ranks"
+            f"memory-kernel throughput of the profile; capacity = {capacity_source}"
         ),
     )
 

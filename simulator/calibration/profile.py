@@ -270,21 +270,38 @@ def collective_shapes(ranks: int, dev_type: str) -> list[Shape]:
 # -- bookkeeping: manifest, failures, what is missing --------------------------------------------------------
 
 
-def _read_manifest(out: Path) -> dict[str, str]:
+def _manifest(out: Path) -> dict[str, Any]:
     path = out / MANIFEST
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return {str(k): str(v) for k, v in data["shapes"].items()}
+        if not isinstance(data, dict) or not isinstance(data["shapes"], dict):
+            raise TypeError
+        return data
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, KeyError, AttributeError, TypeError):
         raise CalibrationError(f"{path}: not a profile manifest; remove it or use an empty --out folder") from None
 
 
-def _write_manifest(out: Path, shapes: dict[str, str]) -> None:
+def _read_manifest(out: Path) -> dict[str, str]:
+    return {str(k): str(v) for k, v in _manifest(out).get("shapes", {}).items()}
+
+
+def device_memory(out: Path) -> float | None:
+    """The memory of the GPU a profile folder was measured on (bytes, as CUDA reports it), None where its manifest
+    does not say (a CPU profile, or one written before the manifest recorded it)."""
+    value = _manifest(out).get("device_memory_bytes")
+    return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def _write_manifest(out: Path, shapes: dict[str, str], memory_bytes: float | None = None) -> None:
     path = out / MANIFEST
+    data: dict[str, Any] = {"shapes": dict(sorted(shapes.items()))}
+    memory = memory_bytes if memory_bytes is not None else device_memory(out)
+    if memory is not None:
+        data["device_memory_bytes"] = int(memory)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"shapes": dict(sorted(shapes.items()))}, indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -784,7 +801,9 @@ def run_profile(
         planned[shape.key] = shape.op
     if launch_overhead:
         planned[launch_key] = "launch"
-    _write_manifest(out, planned)
+    # A GPU's capacity is no kernel time, but a device derived from this profile needs it (host.host_device).
+    memory = float(torch.cuda.get_device_properties(dev).total_memory) if dev.type == "cuda" else None
+    _write_manifest(out, planned, memory)
     counts = _done_counts(out)
     before = Counter(counts)
     done = set(counts)

@@ -13,9 +13,16 @@ the kernels just before it, so neither extreme is exact. On a shared 2-core CPU 
 check error under 10%; the smallest configuration moved by up to ±25% between them (and between runs).
 Both are offered, and neither is adjusted to step times.
 
-On CUDA a pair of CUDA events brackets each run; on the
-CPU ``time.perf_counter`` does, with the intra-op thread count fixed (``torch.set_num_threads``) so a
-profile and a check use the same number of cores.
+On CUDA a pair of CUDA events brackets each run, and the run is *preloaded*: a spin kernel
+(``torch.cuda._sleep``) longer than the host takes to issue the run goes first, so every kernel of the run is
+already queued when the start event fires and the events time the GPU's work alone. Without it they also
+timed the host's launch gaps: a benchmark of a few microseconds of GPU work issued through
+``torch.autograd.grad`` (a norm's or activation's backward, about 100 µs of host work) measured the host, and
+on an H200 a table fitted from such rows predicted the check's real steps 15-36% too slow, where the host
+queues ahead of the GPU. The host's own cost per operator is measured apart (``launch_overhead_us``) and
+charged by the simulator where the host, not the GPU, is the bottleneck. On the CPU ``time.perf_counter``
+brackets each run, with the intra-op thread count fixed (``torch.set_num_threads``) so a profile and a
+check use the same number of cores.
 
 The GPT (:func:`build_gpt`) does the work of :func:`simulator.graph.transformer.build_graph` for a dense,
 pre-norm model: learned token and position embeddings, per layer LayerNorm, fused QKV projection, causal
@@ -149,9 +156,15 @@ def time_fn(
 ) -> Timing:
     """Time ``fn`` (module docstring). Repeats stop early once ``max_s`` seconds have been spent (at least 3)."""
     torch = require_torch()
-    for _ in range(warmup):
-        fn()
     cuda = dev.type == "cuda"
+    # The host's time to issue one run (on CUDA the kernels are queued, not waited for): the least over the warm-up
+    # runs, since the first also pays one-time costs (allocations, library handles, kernel selection).
+    issue_s = math.inf
+    for _ in range(max(warmup, 1) if cuda else warmup):
+        t0 = time.perf_counter()
+        fn()
+        issue_s = min(issue_s, time.perf_counter() - t0)
+    preload = _preload_cycles(dev, issue_s) if cuda else 0
     if cuda:
         torch.cuda.synchronize(dev)
     times: list[float] = []
@@ -161,6 +174,8 @@ def time_fn(
             _flush_cache(dev)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if preload:
+                torch.cuda._sleep(preload)
             start.record()
             fn()
             end.record()
@@ -180,6 +195,36 @@ def time_fn(
         std_s=statistics.pstdev(times) if len(times) > 1 else 0.0,
         repeats=len(times),
     )
+
+
+# The GPU spins for PRELOAD_FACTOR times the host's issue time of a run, plus PRELOAD_MARGIN_S, before the start
+# event: the host then issues the whole run while the GPU is still busy, also when one issue takes longer than
+# the warm-up's slowest (a garbage collection, a page fault). The spin is outside the timed interval.
+PRELOAD_FACTOR = 2.0
+PRELOAD_MARGIN_S = 50e-6
+_SLEEP_RATE: dict[str, float] = {}  # spin cycles per second of torch.cuda._sleep, per device
+
+
+def _preload_cycles(dev: Any, issue_s: float) -> int:
+    """Cycles of ``torch.cuda._sleep`` that outlast issuing one run (module docstring); 0 where this PyTorch has
+    no ``_sleep`` (the events then time the launch gaps too, as before)."""
+    torch = require_torch()
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return 0
+    key = str(dev)
+    rate = _SLEEP_RATE.get(key)
+    if rate is None:
+        # The spin counts SM clock cycles; its rate is measured rather than read from the clock, which boosts.
+        cycles = 2_000_000
+        sleep(cycles)  # warm-up: the clock ramps up under load
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        sleep(cycles)
+        end.record()
+        end.synchronize()
+        rate = _SLEEP_RATE[key] = cycles / max(start.elapsed_time(end) * 1e-3, 1e-9)
+    return max(1, math.ceil(rate * (PRELOAD_FACTOR * issue_s + PRELOAD_MARGIN_S)))
 
 
 def spawn(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int, what: str) -> None:

@@ -88,7 +88,11 @@ def fit_files(
                 f"these rows are not one: they were imported{said}; --device must name the device the rows "
                 f"were measured on, e.g. --device {_device_suggestion(on)}"
             )
-        device = host_device(rows, name=name, ranks=ranks)
+        from simulator.calibration.profile import device_memory
+
+        # The GPU's memory where a profile folder recorded it (CUDA), else the host's RAM shared by the ranks.
+        memories = [m for p in paths if p.is_dir() and (m := device_memory(p)) is not None]
+        device = host_device(rows, name=name, ranks=ranks, device_bytes=min(memories) if memories else None)
     _check_peaks(rows, device, derived)
     if not derived:
         _check_measured_on(rows, device)

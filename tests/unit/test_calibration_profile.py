@@ -229,3 +229,56 @@ def test_a_profile_reports_shapes_measured_not_rows(tmp_path: Path) -> None:
     assert (report.measured, report.rows, report.planned) == (2, 6, 2)
     again = run_profile(shapes, tmp_path, warmup=0, repeats=1, passes=3)
     assert (again.measured, again.rows, again.resumed) == (0, 0, 2)
+
+
+@pytest.mark.torch
+def test_a_gpu_profile_records_the_gpus_memory_and_the_derived_device_takes_it(tmp_path: Path) -> None:
+    """A device derived from a CUDA profile had the host's RAM as its memory (an H200 profiled in a 128 GiB VM
+    came out at 126 GiB; a GPU in a 2 TiB host would have come out at 2 TiB). The manifest now records the GPU's
+    memory, a resumed run keeps it, and the fit reads it; CPU profiles still share the host's RAM among ranks."""
+    pytest.importorskip("torch")
+    from simulator.calibration.workflow import fit_files
+    from simulator.units import GIB
+
+    shapes = [s for s in model_shapes(TINY) if s.kind == "gemm"][:2]
+    run_profile([*shapes, *probe_shapes("cpu")], tmp_path, repeats=1, launch_overhead=False)
+    assert profile.device_memory(tmp_path) is None
+    cpu = fit_files([tmp_path], name="cpu", ranks=2, holdout_every=0).device
+    assert "RAM / 2 ranks" in cpu.source
+    # What run_profile writes on CUDA (torch.cuda.get_device_properties(dev).total_memory): an H200's 143,771 MiB.
+    profile._write_manifest(tmp_path, profile._read_manifest(tmp_path), 143771 * 2**20)
+    run_profile([*shapes, *probe_shapes("cpu")], tmp_path, repeats=1, launch_overhead=False)  # resumes, keeps it
+    assert profile.device_memory(tmp_path) == 143771 * 2**20
+    gpu = fit_files([tmp_path], name="gpu", ranks=2, holdout_every=0).device
+    assert gpu.hbm_bytes == pytest.approx(140.0 * GIB, rel=1e-3)
+    assert "the GPU's memory as CUDA reports it" in gpu.source
+
+
+def test_the_validation_rows_kernel_shapes_are_read_without_their_step_times(tmp_path: Path) -> None:
+    """analysis/calibration/profile_validation_shapes.py (run on the H200): the H100 rows of published_runs.csv give
+    693 distinct shapes, and the measured step times are dropped before a row is read (a file whose times are
+    garbage gives the same shapes)."""
+    import importlib.util
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "profile_validation_shapes", root / "analysis" / "calibration" / "profile_validation_shapes.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    csv = root / "data" / "validation" / "published_runs.csv"
+    shapes, used = module.shapes_for(csv, "dgx-h100", True)
+    assert (len(used), len(shapes)) == (24, 693)
+    # Every FP8 GEMM has its 16-bit twin, so the two precisions are compared shape by shape (FP8_SPEEDUP).
+    fp8 = [s for s in shapes.values() if s.precision == "fp8"]
+    assert fp8
+    assert all(replace(s, precision="bf16").key in shapes for s in fp8)
+    frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    frame["measured_step_time_s"] = "not a number"
+    frame.to_csv(tmp_path / "garbled.csv", index=False)
+    again, _ = module.shapes_for(tmp_path / "garbled.csv", "dgx-h100", True)
+    assert list(again) == list(shapes)

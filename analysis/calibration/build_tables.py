@@ -4,8 +4,11 @@
 
 Imports the public measurements (Vidur's A100 and H100 kernel and NCCL profiles, vTrain's A100 nccl-tests
 tables), fits one table per device, derives the device-independent default table, writes them as YAML and
-writes analysis/calibration/RESIDUALS.md (held-out prediction error of each curve). Deterministic: a second
-run writes the same bytes.
+writes analysis/calibration/RESIDUALS.md (held-out prediction error of each curve). Tables of our own profiles
+(``clustersim calibrate profile`` folders under data/calibration/<gpu>/, OWN_TABLES) are fitted the way
+``clustersim calibrate fit --device`` fits them. The default table stays derived from the public A100 and H100
+tables alone: a device measured later would otherwise move every uncalibrated device's curves, and the curves
+the A100 table lacks, in the same change. Deterministic: a second run writes the same bytes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from simulator.calibration.fit import default_table, fit_table, residual_report 
 from simulator.calibration.importers.nccl_tests import import_vtrain_table  # noqa: E402
 from simulator.calibration.importers.vidur import DEVICES, import_vidur_compute, import_vidur_network  # noqa: E402
 from simulator.calibration.rows import Measurement, read_rows  # noqa: E402
+from simulator.calibration.workflow import fit_files, summarize_errors  # noqa: E402
 from simulator.specs.calibration import CalibrationTable  # noqa: E402
 from simulator.specs.library import load_cluster, load_device  # noqa: E402
 
@@ -34,6 +38,32 @@ TABLES = {
     "a100-sxm4-80gb": ("A100-SXM4-80GB", "dgx-a100-80g", "a100", "a100_dgx", True),
     "h100-sxm5-80gb": ("H100-SXM5-80GB", "dgx-h100", "h100", "h100_dgx", False),
 }
+
+OWN_TABLES = {
+    # table name: (datasheet device the efficiencies are relative to, folder under data/calibration/, what it is)
+    "h200-sxm-141gb": (
+        "H200-SXM-141GB",
+        "h200",
+        "one NVIDIA H200 SXM (700 W) lent to the project, profiled by clustersim calibrate on 2026-11-28",
+    ),
+}
+
+
+def own_table(name: str) -> tuple[CalibrationTable, dict[str, dict[str, float]]]:
+    """A table fitted from our own profile folders (every subfolder of data/calibration/<folder>/), relative to
+    the datasheet device, with its held-out residuals."""
+    device_name, folder, what = OWN_TABLES[name]
+    folders = sorted(p for p in (DATA / folder).iterdir() if p.is_dir())
+    result = fit_files(folders, name=name, device=load_device(device_name))
+    provenance = (
+        *result.table.provenance,
+        ("data", f"data/calibration/{folder}/ ({', '.join(p.name for p in folders)}): {what}"),
+        ("method", f"data/calibration/{folder}/README.md"),
+        ("builder", "analysis/calibration/build_tables.py"),
+    )
+    source = f"fitted from clustersim calibrate profile measurements on {device_name} (see provenance)"
+    table = replace(result.table, source=source, provenance=provenance)
+    return table, summarize_errors(result.residuals)
 
 
 def published_rows(device: str) -> list[Measurement]:
@@ -107,6 +137,8 @@ def build() -> tuple[dict[str, CalibrationTable], dict[str, dict[str, dict[str, 
         residuals[name] = dict(sorted(parts.items()))
         measured.append((table, device, nvlink))
     tables["default"] = default_table(measured)
+    for name in OWN_TABLES:
+        tables[name], residuals[name] = own_table(name)
     return tables, residuals
 
 

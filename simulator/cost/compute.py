@@ -22,6 +22,7 @@ Memory-bound kernels and the memory roof keep their profiled speed (HBM does not
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from simulator.graph.ops import Op
@@ -54,16 +55,38 @@ FALLBACK_EFFICIENCY = {"gemm": 0.7, "attention": 0.5, "memory": 0.5}
 # take the default table's backward curve derived from them (ComputeModel._time).
 ATTENTION_BWD_RATIO = 63.0 / 73.0
 # Where a device has no FP8 GEMM measurement, an FP8 GEMM runs at the 16-bit efficiency of the same shape (the
-# device's own measured curve, else the default one) times this ratio, relative to the FP8 peak (twice the 16-bit
-# one on Hopper and Blackwell). Source: Transformer Engine's GEMM profiling tutorial (NVIDIA/TransformerEngine
-# docs/examples/gemm_profiling/gemm_profiling.rst, "Worked Example: 5B Model on H200"): the twelve GEMMs of a
-# hidden-4096, MLP-16384 layer at 15,872 tokens take 31.968 ms in BF16 and 16.785 ms as pre-quantized per-tensor
-# FP8 (current scaling) on an H200 NVL, a 1.905x speed-up where the peaks differ 2x: 1.905 / 2. Hopper FP8 and BF16
-# GEMMs share cuBLASLt and the SM90 tensor cores, so the ratio transfers between Hopper parts; absolute times do
-# not (that H200 NVL runs at 600 W). The same tutorial's Blackwell run (B300, per-tensor FP8 pre-quantized: 13.102
-# against 6.812 ms, 1.923x) gives 0.96. Small, latency-bound GEMMs get no FP8 gain beyond that of a 16-bit GEMM of
-# the same ideal time (ComputeModel._fp8_efficiency).
-FP8_OVER_16BIT_EFFICIENCY = 31.968 / 16.785 / 2.0
+# device's own measured curve, else the default one) times a ratio that grows with the GEMM's size, relative to the
+# FP8 peak (twice the 16-bit one on Hopper and Blackwell): fp8_over_16bit_efficiency. Source: our profile of one
+# H200 SXM (data/calibration/h200/README.md): 327 GEMM shapes of the validation rows' models and of the check
+# configurations, each timed in BF16 (torch.mm) and in FP8 as Transformer Engine runs it (torch._scaled_mm, E4M3,
+# per-tensor scales, BF16 output), paired by shape. Each point is the median FP8 speed-up of one half-decade of FLOPs,
+# at the bin's centre, over the H200's peak ratio of 2 (tests/unit/test_fp8_speedup.py recomputes them from the
+# data). Small GEMMs gain little (1.11x at 2 GFLOP), large ones about 1.85x (1.905x in Transformer Engine's GEMM
+# profiling tutorial for a 2 TFLOP GEMM of a 5B model on an H200 NVL, docs/examples/gemm_profiling). Hopper FP8 and
+# BF16 GEMMs share cuBLASLt and the SM90 tensor cores, so the ratio transfers to the H100 (same die); absolute times
+# do not. Blackwell takes it too (the same tutorial's B300 run: 1.923x), for want of a measurement of its own.
+FP8_SPEEDUP_LOG10_FLOPS = (9.25, 9.75, 10.25, 10.75, 11.25, 11.75, 12.25, 12.75)
+FP8_SPEEDUP = (1.114, 1.317, 1.5, 1.664, 1.728, 1.798, 1.847, 2.023)
+FP8_MEASURED_PEAK_RATIO = 2.0  # H200 datasheet: 1,979 FP8 against 989 BF16 dense TFLOP/s
+
+
+def fp8_over_16bit_efficiency(flops: float) -> float:
+    """The measured FP8/16-bit efficiency ratio of a GEMM of ``flops`` FLOPs (log-linear between the points above,
+    flat beyond them).
+
+    >>> round(fp8_over_16bit_efficiency(10**11.5), 4), fp8_over_16bit_efficiency(1e6) == FP8_SPEEDUP[0] / 2
+    (0.8815, True)
+    """
+    x = math.log10(max(flops, 1.0))
+    xs, ys = FP8_SPEEDUP_LOG10_FLOPS, FP8_SPEEDUP
+    if x <= xs[0]:
+        return ys[0] / FP8_MEASURED_PEAK_RATIO
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return (ys[i - 1] + t * (ys[i] - ys[i - 1])) / FP8_MEASURED_PEAK_RATIO
+    return ys[-1] / FP8_MEASURED_PEAK_RATIO
+
 
 # A numerical guard, not physics: no efficiency read off a curve is taken below this, so that a curve that reaches
 # zero (a user's table, an extrapolation) cannot turn into a division by zero or an infinite time.
@@ -296,18 +319,18 @@ class ComputeModel:
         return max(compute_s, self._memory_roof(op.bytes, precision, compute_s))
 
     def _fp8_efficiency(self, flops: float) -> float | None:
-        """Efficiency of an FP8 GEMM that no FP8 curve covers, from the 16-bit one (FP8_OVER_16BIT_EFFICIENCY);
+        """Efficiency of an FP8 GEMM that no FP8 curve covers, from the 16-bit one (fp8_over_16bit_efficiency);
         None where there is no 16-bit GEMM curve either."""
         own, _ = self._curve("gemm", "bf16")  # the device's own 16-bit GEMMs, else the default curve
         if own is None:
             return None
         self.uncalibrated.add("gemm:fp8")
         p16, p8 = self.device.peak("bf16"), self.device.peak("fp8")
-        # Large GEMMs: the measured ratio. Small ones are latency-bound, and an FP8 GEMM is no faster than a 16-bit
-        # GEMM of the same ideal time: flops · p16 / p8 FLOPs at the 16-bit peak (half the FLOPs where FP8's peak is
-        # twice, as on every shipped device; a what-if raising the 16-bit peak alone had made FP8 steps slower).
+        # The measured ratio at this size, and never faster than a 16-bit GEMM of the same ideal time: flops · p16 / p8
+        # FLOPs at the 16-bit peak (half the FLOPs where FP8's peak is twice, as on every shipped device; a what-if
+        # raising the 16-bit peak alone had made FP8 steps slower).
         same_time = own.at(flops * p16 / p8, p16)
-        return max(min(own.at(flops, p16) * FP8_OVER_16BIT_EFFICIENCY, same_time), MIN_EFFICIENCY)
+        return max(min(own.at(flops, p16) * fp8_over_16bit_efficiency(flops), same_time, 1.0), MIN_EFFICIENCY)
 
     def _memory_roof(self, size: float, precision: str, compute_s: float) -> float:
         """Seconds to move ``size`` bytes at the bandwidth a streaming kernel sustains (module docstring).

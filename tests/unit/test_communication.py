@@ -50,12 +50,15 @@ def test_the_default_table_gets_the_gain_too() -> None:
 
 @pytest.mark.parametrize(("collective", "ranks"), [("all_reduce", 8), ("all_reduce", 2), ("reduce_scatter", 4)])
 def test_a_cluster_on_the_measured_fabric_uses_its_curves(collective: str, ranks: int) -> None:
-    """hgx-h200 has no kernel table but DGX H100's NVLink 4 / NVSwitch fabric: NVLink collectives take the
-    DGX H100 measurements (same times), are not reported uncalibrated, and the default curve differs."""
+    """hgx-h200's own table measured kernels on one GPU, no collective, and its fabric is DGX H100's NVLink 4 /
+    NVSwitch: NVLink collectives take the DGX H100 measurements (same times), are not reported uncalibrated, and
+    the default curve differs."""
     h200 = load_cluster("hgx-h200")
-    assert h200.calibration is None
+    assert h200.calibration is not None
+    assert h200.calibration.compute
+    assert not h200.calibration.collectives
     assert h200.fabric_calibration is not None
-    comm = CommModel(h200, None, load_calibration("default"))
+    comm = CommModel(h200, h200.calibration, load_calibration("default"))
     got = comm.time(Comm("c", collective, place("g", ranks, 1, h200), SIZE, "tp"))
     assert got == pytest.approx(_time("dgx-h100", collective, ranks, nvls=True))
     assert not any(label.endswith(":domain") for label in comm.uncalibrated)

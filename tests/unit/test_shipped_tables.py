@@ -17,6 +17,6 @@ def test_the_committed_tables_and_residuals_are_what_build_tables_writes() -> No
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     files = module.render()
-    assert len(files) == 4
+    assert len(files) == 5  # a100, h100, default, h200 and RESIDUALS.md
     stale = [str(path.relative_to(ROOT)) for path, text in files.items() if path.read_text(encoding="utf-8") != text]
     assert not stale, f"rebuild with python analysis/calibration/build_tables.py: {stale}"

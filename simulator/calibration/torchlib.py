@@ -197,9 +197,9 @@ def time_fn(
     )
 
 
-# The GPU spins for PRELOAD_FACTOR times the host's issue time of a run, plus PRELOAD_MARGIN_S, before the start
-# event: the host then issues the whole run while the GPU is still busy, also when one issue takes longer than
-# the warm-up's slowest (a garbage collection, a page fault). The spin is outside the timed interval.
+# The GPU spins for PRELOAD_FACTOR times the host's issue time of a run (the warm-up's fastest), plus
+# PRELOAD_MARGIN_S, before the start event: the host then issues the whole run while the GPU is still busy, also
+# when one issue takes longer than that (a garbage collection, a page fault). The spin is outside the timed interval.
 PRELOAD_FACTOR = 2.0
 PRELOAD_MARGIN_S = 50e-6
 _SLEEP_RATE: dict[str, float] = {}  # spin cycles per second of torch.cuda._sleep, per device

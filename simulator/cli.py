@@ -243,7 +243,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     # one that does not fit: the same table or JSON document, feasible false with the reason, exit 3.
     tokens = None if args.train_tokens is None else _token_count(args.train_tokens)
     _calibration_hint(cluster)
-    result = simulate(model, cluster, plan, record=args.trace is not None, raise_infeasible=False)
+    record = args.trace is not None or args.html is not None
+    result = simulate(model, cluster, plan, record=record, raise_infeasible=False)
     unused = [k for k in ("fp8_param", "layers_at_start_in_bf16", "layers_at_end_in_bf16") if getattr(plan, k)]
     if unused and plan.precision != "fp8":
         # Accepted (a sweep over precision keeps one plan, and validate's stacks set fp8_param per source), but a
@@ -296,6 +297,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         train = result.time_to_train(tokens)
         price = cluster.device.price_per_gpu_hour_usd
         train["cost_usd"] = math.nan if price is None else train["gpu_hours"] * price
+    if args.html is not None:
+        _write_output(args.html, _html_report(result, args.argv, what_if, train), "--html")
     if args.format == "json":
         data = result.to_dict()
         data["what_if"] = what_if
@@ -310,6 +313,32 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             table = f"{head}\nwhat-if (--set): {changed}\n{rest}"
         print(table)
     return EXIT_OK if result.feasible else EXIT_INFEASIBLE
+
+
+def _html_report(result: Any, argv: Sequence[str], what_if: dict[str, Any], train: dict[str, float] | None) -> str:
+    """simulate --html: the report, with the command that reproduces it (the same command without --html)."""
+    import shlex
+
+    from simulator import __version__
+    from simulator.report import html_report
+
+    rest: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--html":
+            skip = True
+        elif not arg.startswith("--html="):
+            rest.append(arg)
+    command = "clustersim " + shlex.join(rest)
+    return html_report(
+        result,
+        command=command,
+        what_if=what_if,
+        train=train,
+        version=__version__,
+    )
 
 
 _TOKEN_SUFFIXES = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
@@ -1328,6 +1357,11 @@ def _build_parser() -> _Parser:
     )
     sim.add_argument("--trace", type=Path, help="write a Chrome/Perfetto trace JSON here")
     sim.add_argument(
+        "--html",
+        type=Path,
+        help="write a self-contained HTML report here (figures, breakdown and memory per stage, timeline, plan)",
+    )
+    sim.add_argument(
         "--train-tokens",
         metavar="N",
         help="also say how many steps, days and GPU-hours training on N tokens takes at this step time "
@@ -1458,7 +1492,7 @@ def _build_parser() -> _Parser:
 
 # The options that name files a command writes, and those that name files it reads (a built-in name such as
 # gpt3-175b is no file and is skipped).
-_OUTPUT_OPTIONS = {"out": "--out", "trace": "--trace", "device_out": "--device-out"}
+_OUTPUT_OPTIONS = {"out": "--out", "trace": "--trace", "html": "--html", "device_out": "--device-out"}
 _INPUT_OPTIONS = (
     "model",
     "cluster",
@@ -1506,6 +1540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what reproduces the answer (simulate --html says it)
     try:
         _refuse_overwriting_inputs(args)
         code: int = args.func(args)

@@ -1,4 +1,5 @@
-"""One direction of imports: errors/units <- specs <- graph <- parallel <- cost <- engine <- run <- sweep/search <- cli.
+"""One direction of imports: errors/units <- specs <- graph <- parallel <- cost <- engine <- run <- sweep/search/report
+<- cli.
 
 Parses every module of the package and fails on a back-edge (a lower layer importing a higher one), and
 checks that only the engine imports simpy and that the core never imports torch, dask or matplotlib at
@@ -27,6 +28,7 @@ LAYERS = {
     "sweep": 7,
     "search": 7,
     "calibration": 7,
+    "report": 7,
     "cli": 8,
     "__main__": 9,
     "__init__": 9,

@@ -1,0 +1,124 @@
+"""simulate --html: a self-contained report that reproduces itself, says what does not fit, and is the same bytes
+for the same inputs."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from simulator import report
+from simulator.cli import main
+
+SIM = ["simulate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--tp", "2", "--pp", "2"]
+SIM += ["--global-batch", "16", "--micro-batch", "1"]
+
+
+class _Tags(HTMLParser):
+    """Every start tag, and the external references a self-contained page must not have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href") and tag != "a":
+                self.external.append(f"{tag} {name}={value}")
+
+
+def _parse(text: str) -> _Tags:
+    tags = _Tags()
+    tags.feed(text)
+    return tags
+
+
+def test_the_report_holds_the_figures_charts_and_the_command_that_reproduces_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "step.html"
+    assert main([*SIM, "--train-tokens", "1T", "--html", str(out)]) == 0
+    printed = capsys.readouterr().out
+    text = out.read_text(encoding="utf-8")
+    tags = _parse(text)
+    assert tags.tags.count("svg") == 3  # breakdown per stage, memory per stage, timeline
+    assert "script" not in tags.tags
+    assert not tags.external
+    assert "<h1>llama3-8b on 16 GPUs of dgx-h100</h1>" in text
+    step = next(line for line in printed.splitlines() if line.startswith("step time"))
+    assert step.split()[2] in text  # the step time the table printed, e.g. 1.234
+    assert "days to train" in text
+    command = "clustersim simulate --model llama3-8b --cluster dgx-h100 --gpus 16 --tp 2 --pp 2 --global-batch 16"
+    assert f"<pre>{command} --micro-batch 1 --train-tokens 1T</pre>" in text  # without --html
+    assert "(chosen)" in text  # vp, recompute and grad_overlap were left free
+
+
+def test_same_inputs_same_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first, second = tmp_path / "a.html", tmp_path / "b.html"
+    assert main([*SIM, "--html", str(first)]) == 0
+    assert main([*SIM, "--html", str(second)]) == 0
+    capsys.readouterr()
+    a = first.read_text(encoding="utf-8").replace(str(first), "")
+    b = second.read_text(encoding="utf-8").replace(str(second), "")
+    assert a == b
+
+
+def test_a_plan_that_does_not_fit_is_reported_with_the_stage_and_bytes_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "oom.html"
+    argv = ["simulate", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "8"]
+    argv += ["--global-batch", "8", "--micro-batch", "1", "--recompute", "none", "--html", str(out)]
+    assert main(argv) == 3
+    capsys.readouterr()
+    text = out.read_text(encoding="utf-8")
+    assert "out of memory" in text
+    assert 'class="bad">stage 0 is' in text
+    assert "capacity" in text
+
+
+def test_a_long_timeline_is_left_out_with_a_pointer_to_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(report, "MAX_TIMELINE_BARS", 10)
+    out = tmp_path / "long.html"
+    assert main([*SIM, "--html", str(out)]) == 0
+    capsys.readouterr()
+    text = out.read_text(encoding="utf-8")
+    assert "more than a page draws well (10)" in text
+    assert "--trace step.json" in text
+    assert _parse(text).tags.count("svg") == 2
+
+
+def test_names_are_escaped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "m.yaml"
+    model.write_text(
+        "name: '<script>alert(1)</script>'\nlayers: 2\nhidden: 256\nheads: 4\nffn_hidden: 1024\nvocab: 1000\n"
+        "seq_len: 256\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "esc.html"
+    argv = ["simulate", "--model", str(model), "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "2"]
+    assert main([*argv, "--html", str(out)]) == 0
+    capsys.readouterr()
+    text = out.read_text(encoding="utf-8")
+    assert "<script>" not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+
+
+def test_an_html_path_that_is_an_input_or_unwritable_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "m.yaml"
+    model.write_text(
+        "name: m\nlayers: 2\nhidden: 256\nheads: 4\nffn_hidden: 1024\nvocab: 1000\nseq_len: 256\n", encoding="utf-8"
+    )
+    base = ["simulate", "--model", str(model), "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "2"]
+    assert main([*base, "--html", str(model)]) == 2
+    assert "--html" in capsys.readouterr().err
+    assert model.read_text(encoding="utf-8").startswith("name: m")
+    assert main([*base, "--html", str(tmp_path / "no" / "such" / "dir" / "r.html")]) == 2
+    assert "error:" in capsys.readouterr().err

@@ -1278,13 +1278,37 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         summary = {"layouts": len(found.layouts), **found.counts(), "searched": axes_of(found.layouts), "top": args.top}
         data = {"summary": summary, "best": [r.to_dict() for r in best], "layouts": frame.to_dict("records")}
         print(json.dumps(_json_safe(data), indent=2))
-    else:
-        used = min(workers, len(found.layouts))
-        ran = f"{used} workers" if used > 1 else "in this process"
-        print(_plan_table(args, found, frame, model, fixed, f"{fmt_seconds(elapsed)} ({ran})"))
+    used = min(workers, len(found.layouts))
+    ran = f"{used} workers" if used > 1 else "in this process"
+    table = _plan_table(args, found, frame, model, fixed, f"{fmt_seconds(elapsed)} ({ran})")
+    if args.html is not None:
+        _write_output(args.html, _plan_html(args, found, model, cluster, fixed, table), "--html")
+    if args.format == "table":
+        print(table)
         if out is not None:
             print(f"wrote {len(frame):,} rows to {out}")
     return EXIT_OK if best else EXIT_INFEASIBLE
+
+
+def _plan_html(
+    args: argparse.Namespace, found: Any, model: ModelSpec, cluster: Any, fixed: dict[str, Any], table: str
+) -> str:
+    """plan --html: the table's facts, the best layouts, and the fastest simulated again with its timeline. The
+    facts are the table's own first lines (what was searched, what became of the layouts, the time it took),
+    except the line that says how long the search took: same inputs, same bytes."""
+    from simulator import __version__
+    from simulator.report import plan_report
+    from simulator.run import simulate
+
+    lines = table.splitlines()
+    facts = [lines[0], lines[1].split(" in ", 1)[0] + ":" + lines[1].split(":", 1)[1]] if len(lines) > 1 else lines
+    best = found.best
+    if not best:
+        facts += [line.strip() for line in lines[2:]]  # nothing fits: the closest layout and why the rest cannot run
+    detail = simulate(model, cluster, best[0].plan, record=True) if best else None
+    command = _reproducing_command(args, found, fixed, best[0].plan) if best else ""
+    title = f"Fastest layouts of {model.name} on {found.num_gpus:,} GPUs of {found.cluster}"
+    return plan_report(best, title=title, facts=facts, detail=detail, command=command, version=__version__)
 
 
 def _plan_table(
@@ -1476,6 +1500,11 @@ def _build_parser() -> _Parser:
     ap.add_argument("--top", type=int, default=5, help="how many of the fastest layouts to rank exactly (default 5)")
     ap.add_argument("--workers", type=int, help="local worker processes (default: the CPUs; the answer is the same)")
     ap.add_argument("--out", type=Path, help="write a row per layout here (.csv, .parquet or .json)")
+    ap.add_argument(
+        "--html",
+        type=Path,
+        help="write a self-contained HTML report here: the best layouts, the fastest in full with its timeline",
+    )
     ap.add_argument(
         "--format",
         choices=("table", "csv", "json"),

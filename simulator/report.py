@@ -24,7 +24,7 @@ from simulator.units import GIB, fmt_bytes
 if TYPE_CHECKING:
     from simulator.run import StepResult
 
-__all__ = ["MAX_TIMELINE_BARS", "html_report"]
+__all__ = ["MAX_TIMELINE_BARS", "html_report", "plan_report"]
 
 MAX_TIMELINE_BARS = 20_000  # about 2 MB of SVG; browsers draw that at once
 
@@ -244,25 +244,36 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
     return "<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
 
 
-def html_report(
+def _layout(plan: dict[str, Any]) -> str:
+    return " · ".join(f"{k} {plan[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if plan.get(k) not in (None, 1))
+
+
+def _page(title: str, body: Sequence[str], version: str) -> str:
+    head = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+    ]
+    tail = [f'<p class="sub">clustersim {_e(version)}</p>' if version else "", "</body></html>\n"]
+    return "\n".join([*head, *body, *tail])
+
+
+def _step_sections(
     result: StepResult,
     *,
     command: str = "",
     what_if: dict[str, Any] | None = None,
     train: dict[str, float] | None = None,
-    version: str = "",
-) -> str:
-    """The report as one HTML document (module docstring). ``command`` reproduces the result; ``what_if`` lists the
-    ``--set`` overrides it was made with; ``train`` is :meth:`StepResult.time_to_train`'s answer (with ``tokens``)."""
+) -> list[str]:
+    """Everything about one step below its title: the subtitle, figures, breakdown, memory, timeline, plan,
+    calibration and the reproducing command."""
     d = result.to_dict()
-    title = f"{result.model} on {result.num_gpus:,} GPUs of {result.cluster}"
     status = (
         '<span class="ok">fits and runs</span>'
         if result.feasible
         else f'<span class="bad">{_e(result.status.replace("_", " "))}</span>: {_e(result.reason)}'
     )
     plan = d["plan"]
-    layout = " · ".join(f"{k} {plan[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if plan.get(k) not in (None, 1))
     figs = [
         ("step time", _seconds(result.step_time_s)),
         ("tokens/s per GPU", _num(result.tokens_per_s_per_gpu)),
@@ -275,11 +286,7 @@ def html_report(
         figs.append(("days to train", _num(train.get("days", math.nan), 3)))
         figs.append(("GPU-hours", _num(train.get("gpu_hours", math.nan), 3)))
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="sub">{_e(layout or "no model parallelism")}, global batch {_e(plan.get("global_batch"))}, '
+        f'<p class="sub">{_e(_layout(plan) or "no model parallelism")}, global batch {_e(plan.get("global_batch"))}, '
         f"sequence {_e(plan.get('seq_len'))}, {_e(plan.get('precision'))}; {status}</p>",
         '<div class="figs">'
         + "".join(f'<div class="fig"><b>{_e(v)}</b><span>{_e(k)}</span></div>' for k, v in figs)
@@ -343,6 +350,51 @@ def html_report(
     if command:
         parts.append("<h2>Reproduce</h2>")
         parts.append(f"<pre>{_e(command)}</pre>")
-    parts.append(f'<p class="sub">clustersim {_e(version)}</p>' if version else "")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    return parts
+
+
+def html_report(
+    result: StepResult,
+    *,
+    command: str = "",
+    what_if: dict[str, Any] | None = None,
+    train: dict[str, float] | None = None,
+    version: str = "",
+) -> str:
+    """The report as one HTML document (module docstring). ``command`` reproduces the result; ``what_if`` lists the
+    ``--set`` overrides it was made with; ``train`` is :meth:`StepResult.time_to_train`'s answer."""
+    title = f"{result.model} on {result.num_gpus:,} GPUs of {result.cluster}"
+    body = [f"<h1>{_e(title)}</h1>", *_step_sections(result, command=command, what_if=what_if, train=train)]
+    return _page(title, body, version)
+
+
+def plan_report(
+    best: Sequence[StepResult],
+    *,
+    title: str,
+    facts: Sequence[str],
+    detail: StepResult | None,
+    command: str = "",
+    version: str = "",
+) -> str:
+    """``clustersim plan --html``: the planner's facts (what it searched, what became of the layouts), the best
+    layouts ranked, and the fastest one in full (``detail``, simulated again with its timeline) with the
+    ``simulate`` command that reproduces it."""
+    body = [f"<h1>{_e(title)}</h1>", *(f"<p>{_e(fact)}</p>" for fact in facts)]
+    if best:
+        head = ["#", "layout", "ZeRO", "micro-batch", "vp", "recompute", "step time", "tokens/s per GPU", "MFU"]
+        head.append("peak memory")
+        rows = []
+        for i, r in enumerate(best, 1):
+            p = r.plan
+            cells = [str(i), _e(_layout(p.as_dict()) or "dp only"), _e(p.zero_stage), _e(p.micro_batch), _e(p.vp)]
+            cells += [_e(p.recompute), _seconds(r.step_time_s), _num(r.tokens_per_s_per_gpu), _pct(r.mfu)]
+            cells.append(fmt_bytes(r.peak_memory_bytes))
+            tds = (f'<td class="n">{c}</td>' if j >= 6 else f"<td>{c}</td>" for j, c in enumerate(cells))
+            rows.append("<tr>" + "".join(tds) + "</tr>")
+        body.append("<h2>The fastest layouts</h2>")
+        body.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows) + "</table>")
+    if detail is not None:
+        body.append("<h2>The fastest in detail</h2>")
+        body += _step_sections(detail, command=command)
+    return _page(title, body, version)

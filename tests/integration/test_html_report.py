@@ -122,3 +122,42 @@ def test_an_html_path_that_is_an_input_or_unwritable_is_bad_input(
     assert model.read_text(encoding="utf-8").startswith("name: m")
     assert main([*base, "--html", str(tmp_path / "no" / "such" / "dir" / "r.html")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+PLAN = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--global-batch", "32"]
+PLAN += ["--tp", "1,2,4", "--pp", "1,2", "--zero", "1", "--top", "3"]
+
+
+def test_plan_html_ranks_the_best_and_details_the_fastest_the_same_with_any_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    one, two = tmp_path / "one.html", tmp_path / "two.html"
+    assert main([*PLAN, "--workers", "1", "--html", str(one)]) == 0
+    printed = capsys.readouterr().out
+    assert main([*PLAN, "--workers", "2", "--html", str(two)]) == 0
+    capsys.readouterr()
+    text = one.read_text(encoding="utf-8")
+    assert text == two.read_text(encoding="utf-8").replace(str(two), str(one))  # nothing of the run's timing
+    assert "<h1>Fastest layouts of llama3-8b on 16 GPUs of dgx-h100</h1>" in text
+    ranking = text.split("<h2>The fastest layouts</h2>", 1)[1].split("</table>", 1)[0]
+    assert ranking.count("<tr>") == 1 + 3  # the heading and --top 3
+    command = next(line.strip() for line in printed.splitlines() if line.strip().startswith("clustersim simulate"))
+    assert f"<pre>{command}</pre>" in text
+    fastest = next(line.split() for line in printed.splitlines() if line.strip().startswith("1 "))
+    detail = text.split("<h2>The fastest in detail</h2>", 1)[1]
+    unit = next(i for i, token in enumerate(fastest) if token in ("s", "ms"))
+    step = f"{fastest[unit - 1]} {fastest[unit]}"  # e.g. 1.583 s, as the table says
+    assert f"<b>{step}</b><span>step time</span>" in detail
+    assert _parse(text).tags.count("svg") == 3
+
+
+def test_plan_html_where_nothing_fits_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "none.html"
+    argv = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"]
+    assert main([*argv, "--html", str(out)]) == 3
+    capsys.readouterr()
+    text = out.read_text(encoding="utf-8")
+    assert "0 timed" in text
+    assert "<p>nothing fits; the closest is layout" in text
+    assert "GiB over</p>" in text
+    assert "The fastest in detail" not in text

@@ -353,9 +353,9 @@ def _fmt_tokens(tokens: float) -> str:
     return f"{tokens:,.0f}"
 
 
-def _token_count(text: str) -> float:
-    """``--train-tokens``: a positive whole number of tokens, optionally with a K, M, B (or G) or T suffix (read
-    as a decimal, so that 0.1K is 100 tokens, not 100.00000000000001)."""
+def _token_count(text: str, where: str = "--train-tokens") -> float:
+    """``--train-tokens`` (or a file's ``where``): a positive whole number of tokens, optionally with a K, M, B (or
+    G) or T suffix (read as a decimal, so that 0.1K is 100 tokens, not 100.00000000000001)."""
     raw = text.strip()
     scale = _TOKEN_SUFFIXES.get(raw[-1:].upper(), 1.0) if raw else 1.0
     number = raw[:-1] if scale != 1.0 else raw
@@ -366,13 +366,13 @@ def _token_count(text: str) -> float:
         exact, value = decimal.Decimal(0), math.nan
     if not (math.isfinite(value) and value >= 1):
         raise SpecError(
-            f"--train-tokens {text!r}",
+            f"{where} {text!r}",
             "is not a token count",
             "give a positive number of tokens, e.g. 15e12 or 15T (suffixes K, M, B, T)",
         )
     if exact != exact.to_integral_value():
         raise SpecError(
-            f"--train-tokens {text!r}",
+            f"{where} {text!r}",
             f"is {exact.normalize():f} tokens, not a whole number",
             "give a whole number of tokens, e.g. 2 or 1.5T",
         )
@@ -380,7 +380,7 @@ def _token_count(text: str) -> float:
 
     if value > MAX_TRAIN_TOKENS:
         raise SpecError(
-            f"--train-tokens {text!r}",
+            f"{where} {text!r}",
             f"is {_fmt_tokens(value)} tokens, more than the {_fmt_tokens(MAX_TRAIN_TOKENS)} this answers for "
             "(the largest published pretraining runs are tens of T)",
             "check the suffix: K, M, B and T are thousands, millions, billions and trillions of tokens",
@@ -1311,6 +1311,117 @@ def _plan_html(
     return plan_report(best, title=title, facts=facts, detail=detail, command=command, version=__version__)
 
 
+_JOB_KEYS = ("name", "model", "tokens", "global_batch", "plan", "min_gpus", "max_gpus")
+
+
+def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
+    """A jobs file: optional ``cluster`` and ``gpus``, and ``jobs``, a list of mappings with ``name``, ``model``,
+    ``tokens`` (a number or 15T), ``global_batch``, and optionally ``plan`` (fixed knobs; lists of tp, pp, cp, ep or
+    zero_stage narrow the search), ``min_gpus`` and ``max_gpus``."""
+    from simulator.search.jobs import Job
+    from simulator.specs._fields import Fields
+    from simulator.specs.library import load_model
+    from simulator.specs.plan import PlanSpec
+
+    where = str(path)
+    f = Fields(_mapping_file(path, "jobs-file", "jobs: [...]"), where)
+    head = {"cluster": f.text("cluster", None), "gpus": f.integer("gpus", None, minimum=1)}
+    raw_jobs = f.raw("jobs")
+    f.done()
+    if not isinstance(raw_jobs, list) or not raw_jobs:
+        raise SpecError(f"{where}: jobs", "must be a list of one job or more", "write '- name: ...' items under jobs")
+    jobs = []
+    for i, item in enumerate(raw_jobs):
+        j = Fields(item, where, f"jobs[{i}]")
+        name = j.text("name")
+        try:
+            model = load_model(j.text("model"))
+        except SpecError as err:
+            raise SpecError(j.at("model"), f"{err.where}: {err.what}", err.fix) from None
+        tokens = _token_count(str(j.raw("tokens")), j.at("tokens"))
+        batch = j.integer("global_batch", minimum=1)
+        plan = j.sub("plan", None)
+        knobs: dict[str, Any] = {}
+        if plan is not None:
+            for key in plan.data:
+                value = plan.raw(str(key))
+                if str(key) in ("dp", "global_batch"):
+                    raise plan.error(str(key), "is set by the schedule", "leave it out: it follows from the GPU count")
+                if str(key) in ("tp", "pp", "cp", "ep", "zero_stage") and isinstance(value, list):
+                    knobs[str(key)] = [PlanSpec.read_value(str(key), v, plan.at(str(key))) for v in value]
+                else:
+                    knobs[str(key)] = PlanSpec.read_value(str(key), value, plan.at(str(key)))
+            knobs = {k: v for k, v in knobs.items() if v is not None}
+        low = j.integer("min_gpus", 1, minimum=1)
+        high = j.integer("max_gpus", None, minimum=1)
+        j.done()
+        jobs.append(Job(name, model, tokens, batch, knobs, low, high))
+    return head, jobs
+
+
+def _cmd_schedule(args: argparse.Namespace) -> int:
+    from simulator.search.jobs import schedule_jobs
+    from simulator.specs.library import load_cluster
+
+    head, jobs = _jobs_from_file(args.jobs)
+    cluster_ref = args.cluster or head["cluster"]
+    gpus = args.gpus or head["gpus"]
+    if cluster_ref is None or gpus is None:
+        flag = "--cluster" if cluster_ref is None else "--gpus"
+        raise SpecError(flag, "is required", f"give {flag}, or '{flag[2:]}:' in {args.jobs}")
+    cluster = load_cluster(cluster_ref)
+    workers = args.workers if args.workers is not None else _cpus()
+    if workers < 1:
+        raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
+    found = schedule_jobs(jobs, cluster, gpus, workers=workers)
+    if args.format == "json":
+        print(json.dumps(_json_safe(found.to_dict()), indent=2))
+    else:
+        print(_schedule_table(found))
+    return EXIT_OK if found.side_by_side or found.one_after_another else EXIT_INFEASIBLE
+
+
+def _schedule_table(found: Any) -> str:
+    """Both schedules, the better first, each job's GPUs, layout and time, and the jobs that run nowhere."""
+
+    def rows(plans: Any) -> list[str]:
+        out = []
+        for p in plans:
+            plan = p.result.plan
+            layout = f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp} · cp {plan.cp}" + (
+                f" · ep {plan.ep}" if plan.ep > 1 else ""
+            )
+            out.append(
+                f"  {p.job:<20} {p.gpus:>6,} GPUs  {layout:<28} zero {plan.zero_stage}  mb {plan.micro_batch}  "
+                f"step {fmt_seconds(p.result.step_time_s):>9}  {p.days:8.2f} days  MFU {p.result.mfu * 100:4.1f}%"
+            )
+        return out
+
+    names = {"side_by_side": "side by side (each job on its own nodes, all at once)",
+             "one_after_another": "one after another (each job alone, in the order given)"}  # fmt: skip
+    n = len(found.jobs)
+    lines = [f"{n} job{'s' if n != 1 else ''} on {found.gpus:,} GPUs of {found.cluster}"]
+    order = [found.best, "one_after_another" if found.best == "side_by_side" else "side_by_side"]
+    for which in order:
+        plans = getattr(found, which)
+        days = getattr(found, f"{which}_days")
+        tag = "best: " if which == found.best else ""
+        if not plans:
+            why = (
+                "no job can run"
+                if len(found.unplanned) == len(found.jobs)
+                else ("the jobs' smallest plans need more GPUs together than the cluster has")
+            )
+            lines.append(f"{names[which]}: not possible ({why})")
+            continue
+        idle = found.idle_gpu_days(which)
+        lines.append(f"{tag}{names[which]}: all done in {days:.2f} days, {idle:,.0f} GPU-days idle")
+        lines += rows(plans)
+    for job, why in found.unplanned:
+        lines.append(f"cannot run: {job}: {why}")
+    return "\n".join(lines)
+
+
 def _plan_table(
     args: argparse.Namespace, found: Any, frame: Any, model: ModelSpec, fixed: dict[str, Any], took: str
 ) -> str:
@@ -1513,6 +1624,20 @@ def _build_parser() -> _Parser:
     )
     ap.set_defaults(func=_cmd_plan)
 
+    sch = sub.add_parser(
+        "schedule",
+        help="share a cluster among several training jobs",
+        description="Plan several training jobs (model, tokens, global batch) on one cluster: each on every whole-node "
+        "GPU count it could get, then side by side (own nodes, all at once) against one after another (each alone); "
+        "the shorter wins.",
+    )
+    sch.add_argument("jobs", type=Path, help="jobs YAML (see README: cluster, gpus, jobs: [...])")
+    sch.add_argument("--cluster", help="built-in cluster name or cluster YAML (default: the file's)")
+    sch.add_argument("--gpus", type=int, help="GPUs to share (default: the file's)")
+    sch.add_argument("--workers", type=int, help="local worker processes for the planner (default: the CPUs)")
+    sch.add_argument("--format", choices=("table", "json"), default="table")
+    sch.set_defaults(func=_cmd_schedule)
+
     from simulator.calibration.cli import add_calibrate_parser
 
     add_calibrate_parser(sub)
@@ -1529,6 +1654,7 @@ _INPUT_OPTIONS = (
     "stacks",
     "paths",
     "grid",
+    "jobs",
 )  # validate's CSV (`file`) has a check of its own
 
 

@@ -1,0 +1,270 @@
+"""Several training jobs on one cluster: how many GPUs each gets, in which layout, and when all are done.
+
+A capacity planner with a fixed cluster and a list of jobs (a model, a token budget, a global batch) asks how to
+share the GPUs so that the last job finishes first. Each job is planned on every whole-node GPU count it could get
+(:func:`simulator.search.planner.autoplan`: the fastest layout at that count, with the job's own fixed knobs), which
+gives its training time as a function of its GPUs. Two schedules are then compared, as Hydra-style multi-model
+training compares sharing the cluster in space with sharing it in time (Nagrecha and Kumar, "Hydra: A System for
+Large Multi-Model Deep Learning", arXiv:2110.08633):
+
+* **side by side**: every job on its own partition of whole nodes, all starting at once. The smallest makespan is
+  found exactly over the planned counts: for a target time each job takes the fewest GPUs that finish it by then,
+  and the least target whose partitions fit in the cluster wins (the sum of those fewest GPUs only grows as the
+  target shrinks, so a bisection over the candidate times finds it). GPUs left over then go, whole counts at a
+  time, to whichever job is last to finish, while that shortens it.
+* **one after another**: each job alone on the cluster, on the planned count that trains it fastest, in the
+  order given.
+
+The answer is the shorter of the two, with both reported. A job that fits on no planned count is reported with the
+reason, and the rest are scheduled without it. Training time is whole steps of global batch × sequence at the
+simulated step time (:meth:`simulator.run.StepResult.time_to_train`): no restarts, evaluation or checkpoints.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.errors import SpecError
+from simulator.run import StepResult
+from simulator.search.planner import autoplan
+from simulator.specs._fields import check_whole
+from simulator.specs.hardware import ClusterSpec
+from simulator.specs.model import ModelSpec
+
+__all__ = ["Job", "JobPlan", "Schedule", "gpu_counts", "schedule_jobs"]
+
+SEARCHED_KEYS = ("tp", "pp", "cp", "ep", "zero_stage")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job: ``tokens`` tokens of ``model`` at ``global_batch`` sequences per step; ``plan`` holds the
+    knobs the job fixes (``tp: 8``, ``precision: fp8``...; lists narrow the search), the rest is planned per GPU
+    count. ``min_gpus`` and ``max_gpus`` bound the counts it may get."""
+
+    name: str
+    model: ModelSpec
+    tokens: float
+    global_batch: int
+    plan: dict[str, Any] = field(default_factory=dict)
+    min_gpus: int = 1
+    max_gpus: int | None = None
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """A job on ``gpus`` GPUs: its fastest layout there (``result``) and its training time, or why it cannot run."""
+
+    job: str
+    gpus: int
+    result: StepResult | None
+    days: float
+    reason: str = ""
+
+    @property
+    def gpu_days(self) -> float:
+        return self.days * self.gpus
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Both schedules and every plan they were built from (see the module docstring)."""
+
+    cluster: str
+    gpus: int
+    jobs: tuple[str, ...]
+    plans: tuple[JobPlan, ...]  # every job on every planned count
+    side_by_side: tuple[JobPlan, ...]  # one per job that can run, in the jobs' order
+    side_by_side_days: float
+    one_after_another: tuple[JobPlan, ...]
+    one_after_another_days: float
+    unplanned: tuple[tuple[str, str], ...]  # (job, why it runs on no count)
+
+    @property
+    def best(self) -> str:
+        """``side_by_side`` or ``one_after_another``, whichever finishes every job sooner (ties: side by side)."""
+        return "side_by_side" if self.side_by_side_days <= self.one_after_another_days else "one_after_another"
+
+    def idle_gpu_days(self, which: str) -> float:
+        """GPU-days the cluster holds but no job uses before the last job ends, in schedule ``which``."""
+        chosen = self.side_by_side if which == "side_by_side" else self.one_after_another
+        total = self.side_by_side_days if which == "side_by_side" else self.one_after_another_days
+        return self.gpus * total - sum(p.gpu_days for p in chosen)
+
+    def to_dict(self) -> dict[str, Any]:
+        def plan(p: JobPlan) -> dict[str, Any]:
+            r = p.result
+            return {
+                "job": p.job,
+                "gpus": p.gpus,
+                "days": p.days if math.isfinite(p.days) else None,
+                "gpu_days": p.gpu_days if math.isfinite(p.days) else None,
+                "step_time_s": r.step_time_s if r is not None and r.feasible else None,
+                "mfu": r.mfu if r is not None and r.feasible else None,
+                "plan": r.plan.as_dict() if r is not None else None,
+                "reason": p.reason,
+            }
+
+        return {
+            "cluster": self.cluster,
+            "gpus": self.gpus,
+            "best": self.best,
+            "side_by_side": {
+                "days": self.side_by_side_days,
+                "idle_gpu_days": self.idle_gpu_days("side_by_side"),
+                "jobs": [plan(p) for p in self.side_by_side],
+            },
+            "one_after_another": {
+                "days": self.one_after_another_days,
+                "idle_gpu_days": self.idle_gpu_days("one_after_another"),
+                "jobs": [plan(p) for p in self.one_after_another],
+            },
+            "unplanned": [{"job": j, "reason": why} for j, why in self.unplanned],
+            "plans": [plan(p) for p in self.plans],
+        }
+
+
+def gpu_counts(cluster: ClusterSpec, gpus: int, job: Job) -> list[int]:
+    """Whole-node counts a job is planned on: one node and every power of two of nodes up to the cluster, what is
+    left of the cluster beside each of those (so that two jobs can share it 48 + 16), and the whole cluster, within
+    the job's bounds (a single count below one node where the cluster is smaller).
+
+    >>> from simulator.specs import load_cluster, load_model
+    >>> gpu_counts(load_cluster("dgx-h100"), 64, Job("j", load_model("llama3-8b"), 1e9, 64))
+    [8, 16, 32, 48, 56, 64]
+    """
+    node = cluster.gpus_per_node
+    counts = {gpus}
+    n = 1
+    while n * node <= gpus:
+        counts.add(n * node)
+        if gpus - n * node >= node and (gpus - n * node) % node == 0:
+            counts.add(gpus - n * node)
+        n *= 2
+    top = min(gpus, job.max_gpus or gpus)
+    return sorted(c for c in counts if job.min_gpus <= c <= top)
+
+
+def _plan_job(job: Job, cluster: ClusterSpec, count: int, workers: int) -> JobPlan:
+    searched = {k: job.plan[k] for k in SEARCHED_KEYS if k in job.plan}
+    fixed = {k: v for k, v in job.plan.items() if k not in SEARCHED_KEYS}
+    try:
+        found = autoplan(job.model, cluster, count, job.global_batch, top=1, workers=workers, **searched, **fixed)
+    except SpecError as err:
+        return JobPlan(job.name, count, None, math.inf, f"{err.what}")
+    if not found.best:
+        counts = found.counts()
+        over, cannot = counts["out_of_memory"], counts["cannot_run"]
+        why = f"no layout fits on {count} GPUs ({over} out of memory, {cannot} cannot run)"
+        return JobPlan(job.name, count, None, math.inf, why)
+    best = found.best[0]
+    days = best.time_to_train(job.tokens)["days"]
+    return JobPlan(job.name, count, best, days)
+
+
+def schedule_jobs(
+    jobs: Sequence[Job], cluster: ClusterSpec, gpus: int, *, workers: int = 1, counts: Sequence[int] | None = None
+) -> Schedule:
+    """Plan ``jobs`` on ``gpus`` GPUs of ``cluster`` and compare the two schedules (module docstring). ``counts``
+    replaces the planned GPU counts (:func:`gpu_counts`) for every job; ``workers`` is the planner's.
+
+    Raises
+    ------
+    SpecError
+        No job, two jobs of one name, or a count that is not a whole number of GPUs up to ``gpus``.
+    """
+    check_whole("schedule: gpus", gpus, "give the GPUs of the cluster to share")
+    if not jobs:
+        raise SpecError("schedule: jobs", "is empty", "give one job or more")
+    names = [j.name for j in jobs]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise SpecError("schedule: jobs", f"name {twice[0]!r} is used twice", "give every job its own name")
+    for c in counts or ():
+        check_whole("schedule: counts", c, "give GPU counts")
+        if c > gpus:
+            raise SpecError("schedule: counts", f"{c} is more than the cluster's {gpus} GPUs", "give smaller counts")
+    plans: list[JobPlan] = []
+    by_job: dict[str, list[JobPlan]] = {}
+    for job in jobs:
+        options = sorted(set(counts)) if counts else gpu_counts(cluster, gpus, job)
+        mine = [_plan_job(job, cluster, c, workers) for c in options]
+        plans += mine
+        by_job[job.name] = [p for p in mine if math.isfinite(p.days)]
+    unplanned = tuple(
+        (
+            j.name,
+            next(
+                (p.reason for p in plans if p.job == j.name and p.reason),
+                f"no GPU count to plan on between min_gpus {j.min_gpus} and max_gpus {j.max_gpus or gpus} of the "
+                f"{gpus} GPUs (whole nodes of {cluster.gpus_per_node})",
+            ),
+        )
+        for j in jobs
+        if not by_job[j.name]
+    )
+    runnable = [j.name for j in jobs if by_job[j.name]]
+    side, side_days = _side_by_side(runnable, by_job, gpus)
+    serial = tuple(min(by_job[n], key=lambda p: (p.days, p.gpus)) for n in runnable)
+    serial_days = sum(p.days for p in serial) if serial else 0.0
+    return Schedule(
+        cluster.name,
+        gpus,
+        tuple(names),
+        tuple(plans),
+        side,
+        side_days,
+        serial,
+        serial_days,
+        unplanned,
+    )
+
+
+def _fewest(options: list[JobPlan], target: float) -> JobPlan | None:
+    """The plan with the fewest GPUs that finishes by ``target`` (None where none does)."""
+    fitting = [p for p in options if p.days <= target]
+    return min(fitting, key=lambda p: (p.gpus, p.days)) if fitting else None
+
+
+def _side_by_side(names: list[str], by_job: dict[str, list[JobPlan]], gpus: int) -> tuple[tuple[JobPlan, ...], float]:
+    if not names:
+        return (), 0.0
+    times = sorted({p.days for n in names for p in by_job[n]})
+    floor = max(min(p.days for p in by_job[n]) for n in names)  # no target below the slowest job's best time
+    times = times[bisect.bisect_left(times, floor) :]
+
+    def fits(target: float) -> list[JobPlan] | None:
+        chosen = [_fewest(by_job[n], target) for n in names]
+        if any(p is None for p in chosen):
+            return None
+        picked = [p for p in chosen if p is not None]
+        return picked if sum(p.gpus for p in picked) <= gpus else None
+
+    lo, hi = 0, len(times) - 1
+    if fits(times[hi]) is None:
+        return (), math.inf  # even the loosest target needs more GPUs than the cluster has: jobs must share in time
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(times[mid]) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    picked = fits(times[lo])
+    assert picked is not None
+    # GPUs left over: to the job that finishes last, a larger planned count at a time, while that shortens it.
+    current = {p.job: p for p in picked}
+    free = gpus - sum(p.gpus for p in picked)
+    while True:
+        last = max(current.values(), key=lambda p: (p.days, p.job))
+        better = [p for p in by_job[last.job] if p.days < last.days and p.gpus - last.gpus <= free]
+        if not better:
+            break
+        step = min(better, key=lambda p: (p.days, p.gpus))
+        free -= step.gpus - last.gpus
+        current[last.job] = step
+    chosen = tuple(current[n] for n in names)
+    return chosen, max(p.days for p in chosen)

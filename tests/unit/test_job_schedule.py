@@ -1,0 +1,132 @@
+"""Sharing a cluster among jobs: the side-by-side makespan is the least any choice of planned counts gives."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.cli import main
+from simulator.errors import SpecError
+from simulator.search.jobs import Job, JobPlan, _side_by_side, schedule_jobs
+from simulator.specs import load_cluster, load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@st.composite
+def _tables(draw: st.DrawFn) -> tuple[dict[str, list[JobPlan]], int]:
+    gpus = draw(st.sampled_from([16, 32, 64]))
+    jobs = draw(st.integers(1, 4))
+    table: dict[str, list[JobPlan]] = {}
+    for j in range(jobs):
+        counts = draw(st.lists(st.sampled_from([8, 16, 24, 32, 48, 64]), min_size=1, max_size=4, unique=True))
+        counts = [c for c in counts if c <= gpus] or [8]
+        table[f"j{j}"] = [JobPlan(f"j{j}", c, None, draw(st.floats(0.1, 50.0))) for c in sorted(counts)]
+    return table, gpus
+
+
+@settings(max_examples=200, deadline=None)
+@given(_tables())
+def test_side_by_side_finds_the_least_makespan_of_all_choices(case: tuple[dict[str, list[JobPlan]], int]) -> None:
+    table, gpus = case
+    names = sorted(table)
+    best = math.inf
+    for combo in itertools.product(*(table[n] for n in names)):
+        if sum(p.gpus for p in combo) <= gpus:
+            best = min(best, max(p.days for p in combo))
+    chosen, days = _side_by_side(names, table, gpus)
+    assert days == best
+    if chosen:
+        assert sum(p.gpus for p in chosen) <= gpus
+        assert [p.job for p in chosen] == names
+        assert max(p.days for p in chosen) == days
+
+
+def test_two_jobs_on_64_h100s_both_schedules_and_the_better_one() -> None:
+    cluster = load_cluster("dgx-h100")
+    jobs = [
+        Job("a", load_model("llama3-8b"), 100e9, 256, {"tp": 1, "pp": 1, "zero_stage": 1}),
+        Job("b", load_model("llama2-7b"), 50e9, 256, {"tp": 1, "pp": 1, "zero_stage": 1}),
+    ]
+    found = schedule_jobs(jobs, cluster, 64)
+    assert {p.gpus for p in found.plans if p.job == "a"} == {8, 16, 32, 48, 56, 64}
+    serial = found.one_after_another
+    assert [p.job for p in serial] == ["a", "b"]
+    assert found.one_after_another_days == pytest.approx(sum(p.days for p in serial))
+    # Each alone at its fastest count, and the training time is whole steps at the simulated step time.
+    for p in serial:
+        assert p.days == min(q.days for q in found.plans if q.job == p.job)
+        steps = math.ceil(next(j for j in jobs if j.name == p.job).tokens / (256 * p.result.plan.seq_len))
+        assert p.days == pytest.approx(steps * p.result.step_time_s / 86400)
+    assert sum(p.gpus for p in found.side_by_side) <= 64
+    assert found.best == (
+        "side_by_side" if found.side_by_side_days <= found.one_after_another_days else "one_after_another"
+    )
+    assert found.idle_gpu_days("one_after_another") == pytest.approx(
+        sum(64 * p.days - p.gpu_days for p in serial), abs=1e-9
+    )
+
+
+def test_a_job_that_fits_nowhere_is_reported_and_the_rest_scheduled() -> None:
+    cluster = load_cluster("dgx-h100")
+    jobs = [
+        Job("big", load_model("llama3-70b"), 1e9, 8, {"zero_stage": 0, "tp": 8, "pp": 1}),
+        Job("small", load_model("llama3-8b"), 1e9, 8, {"tp": 1, "pp": 1, "zero_stage": 1}),
+    ]
+    found = schedule_jobs(jobs, cluster, 8)
+    assert [j for j, _ in found.unplanned] == ["big"]
+    assert "no layout fits" in found.unplanned[0][1]
+    assert [p.job for p in found.side_by_side] == ["small"]
+
+
+def test_bad_job_lists_are_spec_errors() -> None:
+    cluster, model = load_cluster("dgx-h100"), load_model("llama3-8b")
+    with pytest.raises(SpecError, match="is empty"):
+        schedule_jobs([], cluster, 8)
+    with pytest.raises(SpecError, match="used twice"):
+        schedule_jobs([Job("a", model, 1e9, 8), Job("a", model, 1e9, 8)], cluster, 8)
+    with pytest.raises(SpecError, match="more than the cluster"):
+        schedule_jobs([Job("a", model, 1e9, 8)], cluster, 8, counts=[16])
+
+
+def test_the_cli_reads_a_jobs_file_and_answers_the_same_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(ROOT / "analysis" / "schedules" / "two_llamas.yaml")
+    assert main(["schedule", path, "--format", "json", "--workers", "1"]) == 0
+    first = capsys.readouterr().out
+    assert main(["schedule", path, "--format", "json", "--workers", "2"]) == 0
+    assert capsys.readouterr().out == first
+    assert main(["schedule", path]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("2 jobs on 64 GPUs of dgx-h100\nbest: ")
+    assert "side by side" in table
+    assert "one after another" in table
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("jobs: []\n", "jobs: must be a list of one job or more"),
+        ("jobs:\n  - {name: a, model: llama3-8b, tokens: 1T}\n", "jobs[0].global_batch: is required"),
+        (
+            "jobs:\n  - {name: a, model: llama3-8b, tokens: 1X, global_batch: 8}\n",
+            "jobs[0].tokens '1X': is not a token",
+        ),
+        ("jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8, plan: {dp: 2}}\n", "plan.dp: is set by"),
+        ("jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8, gpu: 2}\n", "jobs[0].gpu: unknown key"),
+        ("jobz: []\n", "and the file has 'jobz'; rename 'jobz' to 'jobs'"),
+    ],
+)
+def test_bad_jobs_files_are_exit_2_with_the_key_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, said: str
+) -> None:
+    path = tmp_path / "jobs.yaml"
+    path.write_text("cluster: dgx-h100\ngpus: 8\n" + body, encoding="utf-8")
+    assert main(["schedule", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert said in err

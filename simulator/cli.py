@@ -1272,17 +1272,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if out is not None:
         write_frame(frame, out)
     best = found.best
+    used = min(workers, len(found.layouts))
+    ran = f"{used} workers" if used > 1 else "in this process"
+    table = _plan_table(args, found, frame, model, fixed, f"{fmt_seconds(elapsed)} ({ran})")
+    if args.html is not None:  # before anything is printed: an unwritable path is an error, not a half answer
+        _write_output(args.html, _plan_html(args, found, model, cluster, fixed, table), "--html")
     if args.format == "csv":
         sys.stdout.write(frame.to_csv(index=False, lineterminator="\n"))
     elif args.format == "json":
         summary = {"layouts": len(found.layouts), **found.counts(), "searched": axes_of(found.layouts), "top": args.top}
         data = {"summary": summary, "best": [r.to_dict() for r in best], "layouts": frame.to_dict("records")}
         print(json.dumps(_json_safe(data), indent=2))
-    used = min(workers, len(found.layouts))
-    ran = f"{used} workers" if used > 1 else "in this process"
-    table = _plan_table(args, found, frame, model, fixed, f"{fmt_seconds(elapsed)} ({ran})")
-    if args.html is not None:
-        _write_output(args.html, _plan_html(args, found, model, cluster, fixed, table), "--html")
     if args.format == "table":
         print(table)
         if out is not None:
@@ -1300,11 +1300,11 @@ def _plan_html(
     from simulator.report import plan_report
     from simulator.run import simulate
 
-    lines = table.splitlines()
-    facts = [lines[0], lines[1].split(" in ", 1)[0] + ":" + lines[1].split(":", 1)[1]] if len(lines) > 1 else lines
+    facts = _plan_facts(found, model, fixed, None)
     best = found.best
     if not best:
-        facts += [line.strip() for line in lines[2:]]  # nothing fits: the closest layout and why the rest cannot run
+        # Nothing fits: the closest layout and why the rest cannot run, as the table says after its two lines.
+        facts += [line.strip() for line in table.splitlines()[2:]]
     detail = simulate(model, cluster, best[0].plan, record=True) if best else None
     command = _reproducing_command(args, found, fixed, best[0].plan) if best else ""
     title = f"Fastest layouts of {model.name} on {found.num_gpus:,} GPUs of {found.cluster}"
@@ -1331,11 +1331,16 @@ def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
     if not isinstance(raw_jobs, list) or not raw_jobs:
         raise SpecError(f"{where}: jobs", "must be a list of one job or more", "write '- name: ...' items under jobs")
     jobs = []
+    seen: dict[str, int] = {}
     for i, item in enumerate(raw_jobs):
         j = Fields(item, where, f"jobs[{i}]")
         name = j.text("name")
+        if name in seen:
+            raise j.error("name", f"{name!r} is also jobs[{seen[name]}]'s name", "give every job its own name")
+        seen[name] = i
+        ref = j.text("model")
         try:
-            model = load_model(j.text("model"))
+            model = load_model(ref)
         except SpecError as err:
             raise SpecError(j.at("model"), f"{err.where}: {err.what}", err.fix) from None
         tokens = _token_count(str(j.raw("tokens")), j.at("tokens"))
@@ -1344,16 +1349,22 @@ def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
         knobs: dict[str, Any] = {}
         if plan is not None:
             for key in plan.data:
-                value = plan.raw(str(key))
-                if str(key) in ("dp", "global_batch"):
-                    raise plan.error(str(key), "is set by the schedule", "leave it out: it follows from the GPU count")
-                if str(key) in ("tp", "pp", "cp", "ep", "zero_stage") and isinstance(value, list):
-                    knobs[str(key)] = [PlanSpec.read_value(str(key), v, plan.at(str(key))) for v in value]
+                if not isinstance(key, str):
+                    raise plan.error(str(key), f"is no plan key (a {type(key).__name__})", "use a plan key, e.g. tp")
+                value = plan.raw(key)
+                if key in ("dp", "global_batch"):
+                    raise plan.error(key, "is set by the schedule", "leave it out: it follows from the GPU count")
+                if key in ("tp", "pp", "cp", "ep", "zero_stage") and isinstance(value, list):
+                    if not value:
+                        raise plan.error(key, "is an empty list", "give one value or more, or leave it out")
+                    knobs[key] = [PlanSpec.read_value(key, v, plan.at(key)) for v in value]
                 else:
-                    knobs[str(key)] = PlanSpec.read_value(str(key), value, plan.at(str(key)))
+                    knobs[key] = PlanSpec.read_value(key, value, plan.at(key))
             knobs = {k: v for k, v in knobs.items() if v is not None}
         low = j.integer("min_gpus", 1, minimum=1)
         high = j.integer("max_gpus", None, minimum=1)
+        if high is not None and high < low:
+            raise j.error("max_gpus", f"must be >= min_gpus {low}, got {high}", "raise max_gpus or lower min_gpus")
         j.done()
         jobs.append(Job(name, model, tokens, batch, knobs, low, high))
     return head, jobs
@@ -1363,9 +1374,13 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     from simulator.search.jobs import schedule_jobs
     from simulator.specs.library import load_cluster
 
+    if args.gpus is not None and args.gpus < 1:
+        raise SpecError("--gpus", f"must be >= 1, got {args.gpus}", "give the GPUs the jobs share")
+    if args.cluster is not None and not args.cluster.strip():
+        raise SpecError("--cluster", "is empty", "give a built-in cluster name or a cluster YAML")
     head, jobs = _jobs_from_file(args.jobs)
-    cluster_ref = args.cluster or head["cluster"]
-    gpus = args.gpus or head["gpus"]
+    cluster_ref = args.cluster if args.cluster is not None else head["cluster"]
+    gpus = args.gpus if args.gpus is not None else head["gpus"]
     if cluster_ref is None or gpus is None:
         flag = "--cluster" if cluster_ref is None else "--gpus"
         raise SpecError(flag, "is required", f"give {flag}, or '{flag[2:]}:' in {args.jobs}")
@@ -1378,7 +1393,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         print(json.dumps(_json_safe(found.to_dict()), indent=2))
     else:
         print(_schedule_table(found))
-    return EXIT_OK if found.side_by_side or found.one_after_another else EXIT_INFEASIBLE
+    return EXIT_OK if found.best is not None else EXIT_INFEASIBLE
 
 
 def _schedule_table(found: Any) -> str:
@@ -1401,7 +1416,7 @@ def _schedule_table(found: Any) -> str:
              "one_after_another": "one after another (each job alone, in the order given)"}  # fmt: skip
     n = len(found.jobs)
     lines = [f"{n} job{'s' if n != 1 else ''} on {found.gpus:,} GPUs of {found.cluster}"]
-    order = [found.best, "one_after_another" if found.best == "side_by_side" else "side_by_side"]
+    order = [found.best or "side_by_side", "one_after_another" if found.best != "one_after_another" else "side_by_side"]
     for which in order:
         plans = getattr(found, which)
         days = getattr(found, f"{which}_days")
@@ -1427,17 +1442,8 @@ def _plan_table(
 ) -> str:
     """The planner's table: what it searched and what became of the layouts, the best ones, and the command that
     simulates the fastest (or, where nothing fits, the closest and why the rest cannot run)."""
-    from simulator.search.layouts import axes_of
 
-    counts = found.counts()
-    seq = fixed.get("seq_len") or model.seq_len
-    axes = " · ".join(f"{_SWEEP_HEADINGS.get(k, k)} {','.join(map(str, v))}" for k, v in axes_of(found.layouts).items())
-    lines = [
-        f"autoplan: {model.name} on {found.cluster}, {found.num_gpus:,} GPUs, global batch {found.global_batch:,} × "
-        f"{seq:,} tokens, {fixed.get('precision', 'bf16')}",
-        f"searched {len(found.layouts):,} layouts ({axes}) in {took}: {counts['ok']:,} timed, {counts['pruned']:,} "
-        f"ruled out by a lower bound, {counts['out_of_memory']:,} out of memory, {counts['cannot_run']:,} cannot run",
-    ]
+    lines = _plan_facts(found, model, fixed, took)
     best = found.best
     if not best:
         closest = frame[frame["status"] == "out_of_memory"].sort_values(["over_bytes", "layout"], kind="stable")
@@ -1455,6 +1461,24 @@ def _plan_table(
     lines.append("the fastest in detail (breakdown, memory per stage; add --trace step.json for its timeline):")
     lines.append("  " + _reproducing_command(args, found, fixed, best[0].plan))
     return "\n".join(lines)
+
+
+def _plan_facts(found: Any, model: ModelSpec, fixed: dict[str, Any], took: str | None) -> list[str]:
+    """The planner's two opening lines: the job, and what was searched and what became of the layouts (with the
+    search's wall time where ``took`` is given; the HTML report leaves it out, to be the same bytes every time)."""
+    from simulator.search.layouts import axes_of
+
+    counts = found.counts()
+    seq = fixed.get("seq_len") or model.seq_len
+    axes = " · ".join(f"{_SWEEP_HEADINGS.get(k, k)} {','.join(map(str, v))}" for k, v in axes_of(found.layouts).items())
+    return [
+        f"autoplan: {model.name} on {found.cluster}, {found.num_gpus:,} GPUs, global batch {found.global_batch:,} × "
+        f"{seq:,} tokens, {fixed.get('precision', 'bf16')}",
+        f"searched {len(found.layouts):,} layout{'s' if len(found.layouts) != 1 else ''} ({axes})"
+        f"{f' in {took}' if took else ''}: {counts['ok']:,} timed, "
+        f"{counts['pruned']:,} ruled out by a lower bound, {counts['out_of_memory']:,} out of memory, "
+        f"{counts['cannot_run']:,} cannot run",
+    ]
 
 
 def _reproducing_command(args: argparse.Namespace, found: Any, fixed: dict[str, Any], plan: PlanSpec) -> str:

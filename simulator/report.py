@@ -78,9 +78,10 @@ def _num(value: float, digits: int = 4) -> str:
     """A figure with ``digits`` significant digits, '—' where there is none (NaN, None)."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
-    if abs(value) >= 10**digits:
-        return f"{value:,.0f}"  # 31,500 GPU-hours, not 3.15e+04
-    return f"{value:.{digits}g}"
+    text = f"{value:.{digits}g}"
+    if "e" in text and abs(value) >= 1:
+        return f"{value:,.0f}"  # 31,500 GPU-hours and 1,000 (999.7 to 3 digits), not 3.15e+04 and 1e+03
+    return text
 
 
 def _seconds(value: float) -> str:

@@ -91,7 +91,8 @@ def fit_files(
         from simulator.calibration.profile import device_memory
 
         # The GPU's memory where a profile folder recorded it (CUDA), else the host's RAM shared by the ranks.
-        memories = [m for p in paths if p.is_dir() and (m := device_memory(p)) is not None]
+        folders = [p if p.is_dir() else p.parent for p in paths]  # a profile's kernels.csv: its folder's manifest
+        memories = [m for p in folders if (m := device_memory(p)) is not None]
         device = host_device(rows, name=name, ranks=ranks, device_bytes=min(memories) if memories else None)
     _check_peaks(rows, device, derived)
     if not derived:

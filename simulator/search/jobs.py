@@ -85,15 +85,19 @@ class Schedule:
     unplanned: tuple[tuple[str, str], ...]  # (job, why it runs on no count)
 
     @property
-    def best(self) -> str:
-        """``side_by_side`` or ``one_after_another``, whichever finishes every job sooner (ties: side by side)."""
+    def best(self) -> str | None:
+        """``side_by_side`` or ``one_after_another``, whichever finishes every job sooner (ties: side by side); None
+        where no job can run."""
+        if not math.isfinite(min(self.side_by_side_days, self.one_after_another_days)):
+            return None
         return "side_by_side" if self.side_by_side_days <= self.one_after_another_days else "one_after_another"
 
     def idle_gpu_days(self, which: str) -> float:
-        """GPU-days the cluster holds but no job uses before the last job ends, in schedule ``which``."""
+        """GPU-days the cluster holds but no job uses before the last job ends, in schedule ``which`` (inf where that
+        schedule is not possible)."""
         chosen = self.side_by_side if which == "side_by_side" else self.one_after_another
         total = self.side_by_side_days if which == "side_by_side" else self.one_after_another_days
-        return self.gpus * total - sum(p.gpu_days for p in chosen)
+        return self.gpus * total - sum(p.gpu_days for p in chosen) if chosen else math.inf
 
     def to_dict(self) -> dict[str, Any]:
         def plan(p: JobPlan) -> dict[str, Any]:
@@ -114,18 +118,22 @@ class Schedule:
             "gpus": self.gpus,
             "best": self.best,
             "side_by_side": {
-                "days": self.side_by_side_days,
-                "idle_gpu_days": self.idle_gpu_days("side_by_side"),
+                "days": _finite(self.side_by_side_days),
+                "idle_gpu_days": _finite(self.idle_gpu_days("side_by_side")),
                 "jobs": [plan(p) for p in self.side_by_side],
             },
             "one_after_another": {
-                "days": self.one_after_another_days,
-                "idle_gpu_days": self.idle_gpu_days("one_after_another"),
+                "days": _finite(self.one_after_another_days),
+                "idle_gpu_days": _finite(self.idle_gpu_days("one_after_another")),
                 "jobs": [plan(p) for p in self.one_after_another],
             },
             "unplanned": [{"job": j, "reason": why} for j, why in self.unplanned],
             "plans": [plan(p) for p in self.plans],
         }
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def gpu_counts(cluster: ClusterSpec, gpus: int, job: Job) -> list[int]:
@@ -155,11 +163,22 @@ def _plan_job(job: Job, cluster: ClusterSpec, count: int, workers: int) -> JobPl
     try:
         found = autoplan(job.model, cluster, count, job.global_batch, top=1, workers=workers, **searched, **fixed)
     except SpecError as err:
-        return JobPlan(job.name, count, None, math.inf, f"{err.what}")
+        if err.where != "autoplan":
+            raise  # the job's own knobs are bad input, not a count it cannot run on
+        return JobPlan(job.name, count, None, math.inf, f"on {count} GPUs: {err.what}")
     if not found.best:
         counts = found.counts()
         over, cannot = counts["out_of_memory"], counts["cannot_run"]
-        why = f"no layout fits on {count} GPUs ({over} out of memory, {cannot} cannot run)"
+        why = f"on {count} GPUs no layout fits ({over} out of memory, {cannot} cannot run)"
+        reasons = sorted(
+            {
+                r.result.reason
+                for r in found.ranked
+                if r.result is not None and not r.result.feasible and r.result.reason
+            }
+        )
+        if reasons:
+            why += f": {reasons[0]}" + (f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else "")
         return JobPlan(job.name, count, None, math.inf, why)
     best = found.best[0]
     days = best.time_to_train(job.tokens)["days"]
@@ -195,22 +214,11 @@ def schedule_jobs(
         mine = [_plan_job(job, cluster, c, workers) for c in options]
         plans += mine
         by_job[job.name] = [p for p in mine if math.isfinite(p.days)]
-    unplanned = tuple(
-        (
-            j.name,
-            next(
-                (p.reason for p in plans if p.job == j.name and p.reason),
-                f"no GPU count to plan on between min_gpus {j.min_gpus} and max_gpus {j.max_gpus or gpus} of the "
-                f"{gpus} GPUs (whole nodes of {cluster.gpus_per_node})",
-            ),
-        )
-        for j in jobs
-        if not by_job[j.name]
-    )
+    unplanned = tuple((j.name, _why_nowhere(j, plans, cluster, gpus)) for j in jobs if not by_job[j.name])
     runnable = [j.name for j in jobs if by_job[j.name]]
     side, side_days = _side_by_side(runnable, by_job, gpus)
     serial = tuple(min(by_job[n], key=lambda p: (p.days, p.gpus)) for n in runnable)
-    serial_days = sum(p.days for p in serial) if serial else 0.0
+    serial_days = sum(p.days for p in serial) if serial else math.inf
     return Schedule(
         cluster.name,
         gpus,
@@ -224,6 +232,15 @@ def schedule_jobs(
     )
 
 
+def _why_nowhere(job: Job, plans: list[JobPlan], cluster: ClusterSpec, gpus: int) -> str:
+    """Why a job runs on none of its counts: each count's reason, or that it has no count at all."""
+    mine = [p.reason for p in plans if p.job == job.name]
+    if mine:
+        return "; ".join(mine)
+    bounds = f"min_gpus {job.min_gpus}" + (f" and max_gpus {job.max_gpus}" if job.max_gpus is not None else "")
+    return f"no whole-node GPU count ({cluster.gpus_per_node} per node) within {bounds} of the {gpus} GPUs"
+
+
 def _fewest(options: list[JobPlan], target: float) -> JobPlan | None:
     """The plan with the fewest GPUs that finishes by ``target`` (None where none does)."""
     fitting = [p for p in options if p.days <= target]
@@ -232,7 +249,7 @@ def _fewest(options: list[JobPlan], target: float) -> JobPlan | None:
 
 def _side_by_side(names: list[str], by_job: dict[str, list[JobPlan]], gpus: int) -> tuple[tuple[JobPlan, ...], float]:
     if not names:
-        return (), 0.0
+        return (), math.inf
     times = sorted({p.days for n in names for p in by_job[n]})
     floor = max(min(p.days for p in by_job[n]) for n in names)  # no target below the slowest job's best time
     times = times[bisect.bisect_left(times, floor) :]

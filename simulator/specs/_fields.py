@@ -215,6 +215,13 @@ class Fields:
             return default
         if not isinstance(value, str) or not value.strip():
             raise self.error(key, f"must be a non-empty text, got {_show(value)}", "write a name in quotes")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # A lone surrogate (YAML's "\ud800") is no character: no file or terminal can hold it.
+            raise self.error(
+                key, f"holds a code point that is no Unicode character, got {value!a}", "remove the \\uD8xx escape"
+            ) from None
         return value
 
     def choice(self, key: str, choices: Iterable[str], default: Any = MISSING) -> Any:

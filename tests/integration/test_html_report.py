@@ -161,3 +161,30 @@ def test_plan_html_where_nothing_fits_says_so(tmp_path: Path, capsys: pytest.Cap
     assert "<p>nothing fits; the closest is layout" in text
     assert "GiB over</p>" in text
     assert "The fastest in detail" not in text
+
+
+def test_found_by_a_review(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """plan --html read its facts back from the printed table, and a model named with a newline broke that with an
+    IndexError; --format json with an unwritable --html printed the whole answer, then failed; a number just under
+    a power of ten came out as 1e+03; a name with a lone surrogate crashed the writer."""
+    model = tmp_path / "nl.yaml"
+    model.write_text(
+        'name: "a\\nb"\nlayers: 2\nhidden: 256\nheads: 4\nffn_hidden: 1024\nvocab: 1000\nseq_len: 256\n',
+        encoding="utf-8",
+    )
+    out = tmp_path / "p.html"
+    argv = ["plan", "--model", str(model), "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "8"]
+    assert main([*argv, "--tp", "1", "--pp", "1", "--zero", "1", "--workers", "1", "--html", str(out)]) == 0
+    assert "<p>searched 1 layout (tp 1 · pp 1 · cp 1 · ep 1 · zero 1): 1 timed" in out.read_text(encoding="utf-8")
+    capsys.readouterr()
+    folder = tmp_path / "d"
+    folder.mkdir()
+    assert main([*argv, "--tp", "1", "--pp", "1", "--zero", "1", "--format", "json", "--html", str(folder)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--html" in captured.err
+    assert (report._num(999.7, 3), report._num(9999.7), report._num(0.00012)) == ("1,000", "10,000", "0.00012")
+    bad = tmp_path / "sur.yaml"
+    bad.write_text(model.read_text(encoding="utf-8").replace('"a\\nb"', '"x\\ud800y"'), encoding="utf-8")
+    assert main(["simulate", "--model", str(bad), "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "2"]) == 2
+    assert "no Unicode character" in capsys.readouterr().err

@@ -252,6 +252,9 @@ def test_a_gpu_profile_records_the_gpus_memory_and_the_derived_device_takes_it(t
     gpu = fit_files([tmp_path], name="gpu", ranks=2, holdout_every=0).device
     assert gpu.hbm_bytes == pytest.approx(140.0 * GIB, rel=1e-3)
     assert "the GPU's memory as CUDA reports it" in gpu.source
+    # The folder's kernels.csv named on its own reads the same manifest (a review found it took the RAM).
+    alone = fit_files([tmp_path / "kernels.csv"], name="gpu", ranks=2, holdout_every=0).device
+    assert alone.hbm_bytes == gpu.hbm_bytes
 
 
 def test_the_validation_rows_kernel_shapes_are_read_without_their_step_times(tmp_path: Path) -> None:

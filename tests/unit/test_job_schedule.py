@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -119,6 +120,25 @@ def test_the_cli_reads_a_jobs_file_and_answers_the_same_bytes(capsys: pytest.Cap
         ("jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8, plan: {dp: 2}}\n", "plan.dp: is set by"),
         ("jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8, gpu: 2}\n", "jobs[0].gpu: unknown key"),
         ("jobz: []\n", "and the file has 'jobz'; rename 'jobz' to 'jobs'"),
+        # Found by a review: each was a traceback-free but wrong answer (exit 3, a doubled location, a nonsense fix).
+        (
+            "jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8, min_gpus: 16, max_gpus: 8}\n",
+            "jobs[0].max_gpus: must be >= min_gpus 16, got 8",
+        ),
+        (
+            "jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8, plan: {tp: []}}\n",
+            "jobs[0].plan.tp: is an empty list",
+        ),
+        (
+            "jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8, plan: {1: 2}}\n",
+            "jobs[0].plan.1: is no plan key (a int)",
+        ),
+        ("jobs:\n  - {name: a, model: 7, tokens: 1T, global_batch: 8}\n", ".yaml: jobs[0].model: must be a non-empty"),
+        (
+            "jobs:\n  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8}\n"
+            "  - {name: a, model: llama3-8b, tokens: 1T, global_batch: 8}\n",
+            "jobs[1].name: 'a' is also jobs[0]'s name",
+        ),
     ],
 )
 def test_bad_jobs_files_are_exit_2_with_the_key_path(
@@ -130,3 +150,38 @@ def test_bad_jobs_files_are_exit_2_with_the_key_path(
     err = capsys.readouterr().err
     assert err.startswith("error: ")
     assert said in err
+    assert err.count("jobs.yaml") <= 1  # the location once
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"), [("--gpus", "0", "--gpus: must be >= 1"), ("--cluster", " ", "--cluster: is empty")]
+)
+def test_a_flag_given_empty_or_zero_is_not_replaced_by_the_file(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, said: str
+) -> None:
+    """--gpus 0 had been read as 'not given' and the file's gpus used (a review)."""
+    path = str(ROOT / "analysis" / "schedules" / "two_llamas.yaml")
+    assert main(["schedule", path, flag, value]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_when_no_job_can_run_there_is_no_best_schedule_and_no_zero_days(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JSON had said best side_by_side, 0 days, while the table said not possible (a review)."""
+    path = tmp_path / "jobs.yaml"
+    path.write_text(
+        "cluster: dgx-a100-80g\ngpus: 16\njobs:\n  - {name: a, model: llama3-8b, tokens: 1B, global_batch: 16, "
+        "plan: {precision: fp8, tp: 1, pp: 1, zero_stage: 1}}\n",
+        encoding="utf-8",
+    )
+    assert main(["schedule", str(path), "--format", "json", "--workers", "1"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"] is None
+    assert data["side_by_side"]["days"] is None
+    assert data["one_after_another"]["days"] is None
+    # The reason names every count tried and the cause (precision), not a count of layouts alone.
+    why = data["unplanned"][0]["reason"]
+    assert "on 8 GPUs" in why
+    assert "on 16 GPUs" in why
+    assert "FP8 tensor cores" in why

@@ -7,7 +7,7 @@
 #   bash analysis/calibration/gpu_session.sh [VALIDATION_CLUSTER] [SUSTAIN_S]
 #
 # Run from the repository root with a python3 that has PyTorch (CUDA) and the core dependencies; where simpy is
-# missing, put its wheel in .whl/ (see analysis/calibration/README.md).
+# missing, put its wheel in .whl/ (analysis/calibration/README.md says how).
 set -u
 cluster="${1:-dgx-h100}"
 sustain="${2:-60}"

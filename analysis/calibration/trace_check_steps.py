@@ -6,8 +6,8 @@ Trains each configuration of ``clustersim calibrate check --device cuda`` (the G
 records a few steps under ``torch.profiler`` (Kineto). Per configuration it writes the median wall time of a
 step, the GPU time its kernels, copies and memsets took (the union of their intervals), the number of kernels,
 and the kernel time by name family (GEMM, attention, norm, optimizer, ...). Wall time above busy time is time
-the GPU waited for the host. The simulator's prediction of the step is compared with both by
-``analysis/calibration/README.md``'s H200 section; nothing here feeds a calibration table.
+the GPU waited for the host (``data/calibration/h200/README.md`` compares the H200's with the check's step
+times). Nothing here feeds a calibration table.
 """
 
 from __future__ import annotations

@@ -1311,9 +1311,6 @@ def _plan_html(
     return plan_report(best, title=title, facts=facts, detail=detail, command=command, version=__version__)
 
 
-_JOB_KEYS = ("name", "model", "tokens", "global_batch", "plan", "min_gpus", "max_gpus")
-
-
 def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
     """A jobs file: optional ``cluster`` and ``gpus``, and ``jobs``, a list of mappings with ``name``, ``model``,
     ``tokens`` (a number or 15T), ``global_batch``, and optionally ``plan`` (fixed knobs; lists of tp, pp, cp, ep or

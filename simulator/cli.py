@@ -1394,41 +1394,51 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def _schedule_table(found: Any) -> str:
-    """Both schedules, the better first, each job's GPUs, layout and time, and the jobs that run nowhere."""
+    """The three schedules, the best first, each job's GPUs, layout and time (a re-planned job's phases one per
+    line), and the jobs that run nowhere."""
+    from simulator.search.jobs import SCHEDULES
+
+    def layout(p: Any) -> str:
+        plan = p.result.plan
+        text = f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp} · cp {plan.cp}" + (
+            f" · ep {plan.ep}" if plan.ep > 1 else ""
+        )
+        return f"{p.gpus:>6,} GPUs  {text:<28} zero {plan.zero_stage}  mb {plan.micro_batch}"
 
     def rows(plans: Any) -> list[str]:
-        out = []
-        for p in plans:
-            plan = p.result.plan
-            layout = f"tp {plan.tp} · pp {plan.pp} · dp {plan.dp} · cp {plan.cp}" + (
-                f" · ep {plan.ep}" if plan.ep > 1 else ""
-            )
-            out.append(
-                f"  {p.job:<20} {p.gpus:>6,} GPUs  {layout:<28} zero {plan.zero_stage}  mb {plan.micro_batch}  "
-                f"step {fmt_seconds(p.result.step_time_s):>9}  {p.days:8.2f} days  MFU {p.result.mfu * 100:4.1f}%"
-            )
-        return out
+        return [
+            f"  {p.job:<20} {layout(p)}  step {fmt_seconds(p.result.step_time_s):>9}  {p.days:8.2f} days  "
+            f"MFU {p.result.mfu * 100:4.1f}%"
+            for p in plans
+        ]
 
-    names = {"side_by_side": "side by side (each job on its own nodes, all at once)",
-             "one_after_another": "one after another (each job alone, in the order given)"}  # fmt: skip
+    def phases(found: Any) -> list[str]:
+        return [
+            f"  {ph.plan.job:<20} {layout(ph.plan)}  days {ph.start:7.2f} to {ph.end:7.2f}" for ph in found.replanned
+        ]
+
+    names = {
+        "side_by_side": "side by side (each job on its own nodes, all at once)",
+        "replanned": "re-planned as jobs finish (freed GPUs join the jobs still running)",
+        "one_after_another": "one after another (each job alone, in the order given)",
+    }
     n = len(found.jobs)
     lines = [f"{n} job{'s' if n != 1 else ''} on {found.gpus:,} GPUs of {found.cluster}"]
-    order = [found.best or "side_by_side", "one_after_another" if found.best != "one_after_another" else "side_by_side"]
+    order = sorted(SCHEDULES, key=lambda w: (w != found.best, SCHEDULES.index(w)))
     for which in order:
-        plans = getattr(found, which)
-        days = getattr(found, f"{which}_days")
-        tag = "best: " if which == found.best else ""
-        if not plans:
+        days = found.days(which)
+        if not math.isfinite(days):
             why = (
                 "no job can run"
                 if len(found.unplanned) == len(found.jobs)
-                else ("the jobs' smallest plans need more GPUs together than the cluster has")
+                else "the jobs' smallest plans need more GPUs together than the cluster has"
             )
             lines.append(f"{names[which]}: not possible ({why})")
             continue
+        tag = "best: " if which == found.best else ""
         idle = found.idle_gpu_days(which)
         lines.append(f"{tag}{names[which]}: all done in {days:.2f} days, {idle:,.0f} GPU-days idle")
-        lines += rows(plans)
+        lines += phases(found) if which == "replanned" else rows(getattr(found, which))
     for job, why in found.unplanned:
         lines.append(f"cannot run: {job}: {why}")
     return "\n".join(lines)
@@ -1649,8 +1659,8 @@ def _build_parser() -> _Parser:
         "schedule",
         help="share a cluster among several training jobs",
         description="Plan several training jobs (model, tokens, global batch) on one cluster: each on every whole-node "
-        "GPU count it could get, then side by side (own nodes, all at once) against one after another (each alone); "
-        "the shorter wins.",
+        "GPU count it could get, then side by side (own nodes, all at once), re-planned as jobs finish (freed GPUs "
+        "join the jobs still running) and one after another (each alone); the shortest wins.",
     )
     sch.add_argument("jobs", type=Path, help="jobs YAML (see README: cluster, gpus, jobs: [...])")
     sch.add_argument("--cluster", help="built-in cluster name or cluster YAML (default: the file's)")

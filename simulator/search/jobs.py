@@ -12,10 +12,15 @@ Large Multi-Model Deep Learning", arXiv:2110.08633):
   and the least target whose partitions fit in the cluster wins (the sum of those fewest GPUs only grows as the
   target shrinks, so a bisection over the candidate times finds it). GPUs left over then go, whole counts at a
   time, to whichever job is last to finish, while that shortens it.
+* **re-planned as jobs finish**: side by side, and whenever a job finishes the jobs still running are laid out
+  again on the whole cluster for the work they have left (the same exact least-makespan choice), so that GPUs a
+  finished job frees are not left idle. A job that changes its GPU count restarts from a checkpoint in its new
+  layout; the restart is not charged (minutes against days). Never later than side by side: the allocation it had
+  is among those each re-planning may keep.
 * **one after another**: each job alone on the cluster, on the planned count that trains it fastest, in the
   order given.
 
-The answer is the shorter of the two, with both reported. A job that fits on no planned count is reported with the
+The answer is the shortest of the three, with all reported. A job that fits on no planned count is reported with the
 reason, and the rest are scheduled without it. Training time is whole steps of global batch × sequence at the
 simulated step time (:meth:`simulator.run.StepResult.time_to_train`): no restarts, evaluation or checkpoints.
 """
@@ -25,7 +30,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simulator.errors import SpecError
@@ -35,7 +40,7 @@ from simulator.specs._fields import check_whole
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 
-__all__ = ["Job", "JobPlan", "Schedule", "gpu_counts", "schedule_jobs"]
+__all__ = ["SCHEDULES", "Job", "JobPlan", "Phase", "Schedule", "gpu_counts", "schedule_jobs"]
 
 SEARCHED_KEYS = ("tp", "pp", "cp", "ep", "zero_stage")
 
@@ -71,6 +76,19 @@ class JobPlan:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """Part of a job's training in a re-planned schedule: ``plan``'s GPUs and layout from ``start`` to ``end``
+    (days since the schedule began)."""
+
+    plan: JobPlan
+    start: float
+    end: float
+
+
+SCHEDULES = ("side_by_side", "replanned", "one_after_another")  # the order a tie is broken in
+
+
+@dataclass(frozen=True)
 class Schedule:
     """Both schedules and every plan they were built from (see the module docstring)."""
 
@@ -83,21 +101,31 @@ class Schedule:
     one_after_another: tuple[JobPlan, ...]
     one_after_another_days: float
     unplanned: tuple[tuple[str, str], ...]  # (job, why it runs on no count)
+    replanned: tuple[Phase, ...] = ()  # every job's phases, in the order they start
+    replanned_days: float = math.inf
+
+    def days(self, which: str) -> float:
+        """When the last job of schedule ``which`` (one of :data:`SCHEDULES`) ends; inf where it is not possible."""
+        return float(getattr(self, f"{which}_days"))
 
     @property
     def best(self) -> str | None:
-        """``side_by_side`` or ``one_after_another``, whichever finishes every job sooner (ties: side by side); None
-        where no job can run."""
-        if not math.isfinite(min(self.side_by_side_days, self.one_after_another_days)):
-            return None
-        return "side_by_side" if self.side_by_side_days <= self.one_after_another_days else "one_after_another"
+        """The schedule that finishes every job soonest (ties in the order of :data:`SCHEDULES`); None where no job
+        can run."""
+        soonest = min(SCHEDULES, key=lambda w: (self.days(w), SCHEDULES.index(w)))
+        return soonest if math.isfinite(self.days(soonest)) else None
 
     def idle_gpu_days(self, which: str) -> float:
         """GPU-days the cluster holds but no job uses before the last job ends, in schedule ``which`` (inf where that
         schedule is not possible)."""
-        chosen = self.side_by_side if which == "side_by_side" else self.one_after_another
-        total = self.side_by_side_days if which == "side_by_side" else self.one_after_another_days
-        return self.gpus * total - sum(p.gpu_days for p in chosen) if chosen else math.inf
+        total = self.days(which)
+        if not math.isfinite(total):
+            return math.inf
+        if which == "replanned":
+            used = sum(ph.plan.gpus * (ph.end - ph.start) for ph in self.replanned)
+        else:
+            used = sum(p.gpu_days for p in (self.side_by_side if which == "side_by_side" else self.one_after_another))
+        return self.gpus * total - used
 
     def to_dict(self) -> dict[str, Any]:
         def plan(p: JobPlan) -> dict[str, Any]:
@@ -121,6 +149,11 @@ class Schedule:
                 "days": _finite(self.side_by_side_days),
                 "idle_gpu_days": _finite(self.idle_gpu_days("side_by_side")),
                 "jobs": [plan(p) for p in self.side_by_side],
+            },
+            "replanned": {
+                "days": _finite(self.replanned_days),
+                "idle_gpu_days": _finite(self.idle_gpu_days("replanned")),
+                "phases": [{**plan(ph.plan), "start_days": ph.start, "end_days": ph.end} for ph in self.replanned],
             },
             "one_after_another": {
                 "days": _finite(self.one_after_another_days),
@@ -217,6 +250,7 @@ def schedule_jobs(
     unplanned = tuple((j.name, _why_nowhere(j, plans, cluster, gpus)) for j in jobs if not by_job[j.name])
     runnable = [j.name for j in jobs if by_job[j.name]]
     side, side_days = _side_by_side(runnable, by_job, gpus)
+    phases, replanned_days = _replanned(runnable, by_job, gpus) if side else ((), math.inf)
     serial = tuple(min(by_job[n], key=lambda p: (p.days, p.gpus)) for n in runnable)
     serial_days = sum(p.days for p in serial) if serial else math.inf
     return Schedule(
@@ -229,6 +263,8 @@ def schedule_jobs(
         serial,
         serial_days,
         unplanned,
+        phases,
+        replanned_days,
     )
 
 
@@ -245,6 +281,40 @@ def _fewest(options: list[JobPlan], target: float) -> JobPlan | None:
     """The plan with the fewest GPUs that finishes by ``target`` (None where none does)."""
     fitting = [p for p in options if p.days <= target]
     return min(fitting, key=lambda p: (p.gpus, p.days)) if fitting else None
+
+
+def _replanned(names: list[str], by_job: dict[str, list[JobPlan]], gpus: int) -> tuple[tuple[Phase, ...], float]:
+    """Side by side, laid out again on the whole cluster each time a job finishes (module docstring). A job's left
+    work is the fraction of its tokens not yet trained; on ``g`` GPUs it trains 1 / days(g) of them per day."""
+    left = dict.fromkeys(names, 1.0)
+    now = 0.0
+    phases: list[Phase] = []
+    running: dict[str, Phase] = {}
+    while left:
+        active = [n for n in names if n in left]
+        # What each job has left, as the plans it could run it on: the same counts, days scaled by the work left.
+        scaled = {n: [replace(p, days=p.days * left[n]) for p in by_job[n]] for n in active}
+        chosen, _ = _side_by_side(active, scaled, gpus)
+        if not chosen:  # cannot happen: the allocation before the last job finished still fits
+            raise AssertionError("re-planning found no side-by-side allocation for the jobs left")
+        step = min(p.days for p in chosen)
+        now_next = now + step
+        for p in chosen:
+            full = next(q for q in by_job[p.job] if q.gpus == p.gpus)  # the count's whole-job plan
+            current = running.get(p.job)
+            if current is not None and current.plan.gpus == full.gpus:
+                running[p.job] = replace(current, end=now_next)  # the same layout goes on
+            else:
+                if current is not None:
+                    phases.append(current)
+                running[p.job] = Phase(full, now, now_next)
+            left[p.job] -= step / full.days
+            if p.days <= step * (1.0 + 1e-12):  # done (the first to finish, or tied with it)
+                del left[p.job]
+                phases.append(running.pop(p.job))
+        now = now_next
+    phases.sort(key=lambda ph: (ph.start, names.index(ph.plan.job)))
+    return tuple(phases), now
 
 
 def _side_by_side(names: list[str], by_job: dict[str, list[JobPlan]], gpus: int) -> tuple[tuple[JobPlan, ...], float]:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from simulator.cli import main
 from simulator.errors import SpecError
-from simulator.search.jobs import Job, JobPlan, _side_by_side, schedule_jobs
+from simulator.search.jobs import Job, JobPlan, _replanned, _side_by_side, schedule_jobs
 from simulator.specs import load_cluster, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,6 +48,31 @@ def test_side_by_side_finds_the_least_makespan_of_all_choices(case: tuple[dict[s
         assert max(p.days for p in chosen) == days
 
 
+@settings(max_examples=200, deadline=None)
+@given(_tables())
+def test_replanning_trains_every_job_whole_never_overbooks_and_never_ends_later(
+    case: tuple[dict[str, list[JobPlan]], int],
+) -> None:
+    table, gpus = case
+    names = sorted(table)
+    side, side_days = _side_by_side(names, table, gpus)
+    if not side:
+        return
+    phases, days = _replanned(names, table, gpus)
+    assert days <= side_days * (1 + 1e-9)
+    for n in names:
+        mine = [ph for ph in phases if ph.plan.job == n]
+        # Each job trains all of its tokens: the fractions of its work its phases did add up to one.
+        assert sum((ph.end - ph.start) / ph.plan.days for ph in mine) == pytest.approx(1.0, rel=1e-9)
+        # Its phases follow one another without a gap, from the start.
+        assert mine[0].start == 0.0
+        assert all(a.end == pytest.approx(b.start) for a, b in itertools.pairwise(mine))
+    assert max(ph.end for ph in phases) == pytest.approx(days)
+    for ph in phases:  # at every phase's start, the phases then running fit in the cluster
+        t = ph.start
+        assert sum(q.plan.gpus for q in phases if q.start <= t < q.end) <= gpus
+
+
 def test_two_jobs_on_64_h100s_both_schedules_and_the_better_one() -> None:
     cluster = load_cluster("dgx-h100")
     jobs = [
@@ -65,9 +90,11 @@ def test_two_jobs_on_64_h100s_both_schedules_and_the_better_one() -> None:
         steps = math.ceil(next(j for j in jobs if j.name == p.job).tokens / (256 * p.result.plan.seq_len))
         assert p.days == pytest.approx(steps * p.result.step_time_s / 86400)
     assert sum(p.gpus for p in found.side_by_side) <= 64
-    assert found.best == (
-        "side_by_side" if found.side_by_side_days <= found.one_after_another_days else "one_after_another"
-    )
+    # Re-planned: the 16 GPUs llama2-7b frees at 2.65 days join llama3-8b, which ends before 3.43 days.
+    assert found.replanned_days < found.side_by_side_days
+    assert [(ph.plan.job, ph.plan.gpus) for ph in found.replanned] == [("a", 32), ("b", 16), ("a", 64)]
+    schedules = ("side_by_side", "replanned", "one_after_another")
+    assert found.best == min(schedules, key=lambda w: (found.days(w), schedules.index(w)))
     assert found.idle_gpu_days("one_after_another") == pytest.approx(
         sum(64 * p.days - p.gpu_days for p in serial), abs=1e-9
     )

@@ -1349,8 +1349,10 @@ def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
                 if not isinstance(key, str):
                     raise plan.error(str(key), f"is no plan key (a {type(key).__name__})", "use a plan key, e.g. tp")
                 value = plan.raw(key)
-                if key in ("dp", "global_batch"):
+                if key == "dp":
                     raise plan.error(key, "is set by the schedule", "leave it out: it follows from the GPU count")
+                if key == "global_batch":
+                    raise plan.error(key, "is the job's own key", f"give it as jobs[{i}].global_batch, beside plan")
                 if key in ("tp", "pp", "cp", "ep", "zero_stage") and isinstance(value, list):
                     if not value:
                         raise plan.error(key, "is an empty list", "give one value or more, or leave it out")
@@ -1381,7 +1383,12 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     if cluster_ref is None or gpus is None:
         flag = "--cluster" if cluster_ref is None else "--gpus"
         raise SpecError(flag, "is required", f"give {flag}, or '{flag[2:]}:' in {args.jobs}")
-    cluster = load_cluster(cluster_ref)
+    try:
+        cluster = load_cluster(cluster_ref)
+    except SpecError as err:
+        if args.cluster is not None:
+            raise
+        raise SpecError(f"{args.jobs}: cluster", f"{err.where}: {err.what}", err.fix) from None
     workers = args.workers if args.workers is not None else _cpus()
     if workers < 1:
         raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
@@ -1414,7 +1421,9 @@ def _schedule_table(found: Any) -> str:
 
     def phases(found: Any) -> list[str]:
         return [
-            f"  {ph.plan.job:<20} {layout(ph.plan)}  days {ph.start:7.2f} to {ph.end:7.2f}" for ph in found.replanned
+            f"  {ph.plan.job:<20} {layout(ph.plan)}  days {ph.start:7.2f} to {ph.end:7.2f} "
+            f"({(ph.end - ph.start) * 24:,.1f} h)"
+            for ph in found.replanned
         ]
 
     names = {

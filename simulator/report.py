@@ -388,7 +388,13 @@ def plan_report(
         rows = []
         for i, r in enumerate(best, 1):
             p = r.plan
-            cells = [str(i), _e(_layout(p.as_dict()) or "dp only"), _e(p.zero_stage), _e(p.micro_batch), _e(p.vp)]
+            cells = [
+                str(i),
+                _e(_layout(p.as_dict()) or ("one GPU" if r.num_gpus == 1 else "data parallel only")),
+                _e(p.zero_stage),
+                _e(p.micro_batch),
+                _e(p.vp),
+            ]
             cells += [_e(p.recompute), _seconds(r.step_time_s), _num(r.tokens_per_s_per_gpu), _pct(r.mfu)]
             cells.append(fmt_bytes(r.peak_memory_bytes))
             tds = (f'<td class="n">{c}</td>' if j >= 6 else f"<td>{c}</td>" for j, c in enumerate(cells))

@@ -3,7 +3,7 @@
 A capacity planner with a fixed cluster and a list of jobs (a model, a token budget, a global batch) asks how to
 share the GPUs so that the last job finishes first. Each job is planned on every whole-node GPU count it could get
 (:func:`simulator.search.planner.autoplan`: the fastest layout at that count, with the job's own fixed knobs), which
-gives its training time as a function of its GPUs. Two schedules are then compared, as Hydra-style multi-model
+gives its training time as a function of its GPUs. Three schedules are then compared, as Hydra-style multi-model
 training compares sharing the cluster in space with sharing it in time (Nagrecha and Kumar, "Hydra: A System for
 Large Multi-Model Deep Learning", arXiv:2110.08633):
 
@@ -11,7 +11,8 @@ Large Multi-Model Deep Learning", arXiv:2110.08633):
   found exactly over the planned counts: for a target time each job takes the fewest GPUs that finish it by then,
   and the least target whose partitions fit in the cluster wins (the sum of those fewest GPUs only grows as the
   target shrinks, so a bisection over the candidate times finds it). GPUs left over then go, whole counts at a
-  time, to whichever job is last to finish, while that shortens it.
+  time, to whichever job is last to finish, while that shortens it, and then to the other jobs, slowest first,
+  wherever a larger planned count shortens them (the makespan stays; they finish sooner and free their GPUs).
 * **re-planned as jobs finish**: side by side, and whenever a job finishes the jobs still running are laid out
   again on the whole cluster for the work they have left (the same exact least-makespan choice), so that GPUs a
   finished job frees are not left idle. A job that changes its GPU count restarts from a checkpoint in its new
@@ -86,11 +87,12 @@ class Phase:
 
 
 SCHEDULES = ("side_by_side", "replanned", "one_after_another")  # the order a tie is broken in
+TIE = 1e-9  # relative difference in days below which two schedules tie
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """Both schedules and every plan they were built from (see the module docstring)."""
+    """The three schedules and every plan they were built from (see the module docstring)."""
 
     cluster: str
     gpus: int
@@ -112,8 +114,11 @@ class Schedule:
     def best(self) -> str | None:
         """The schedule that finishes every job soonest (ties in the order of :data:`SCHEDULES`); None where no job
         can run."""
-        soonest = min(SCHEDULES, key=lambda w: (self.days(w), SCHEDULES.index(w)))
-        return soonest if math.isfinite(self.days(soonest)) else None
+        least = min(self.days(w) for w in SCHEDULES)
+        if not math.isfinite(least):
+            return None
+        # Within rounding of the soonest is a tie (re-planned rebuilds side by side's end from its phases).
+        return next(w for w in SCHEDULES if self.days(w) <= least * (1.0 + TIE))
 
     def idle_gpu_days(self, which: str) -> float:
         """GPU-days the cluster holds but no job uses before the last job ends, in schedule ``which`` (inf where that
@@ -125,7 +130,7 @@ class Schedule:
             used = sum(ph.plan.gpus * (ph.end - ph.start) for ph in self.replanned)
         else:
             used = sum(p.gpu_days for p in (self.side_by_side if which == "side_by_side" else self.one_after_another))
-        return self.gpus * total - used
+        return max(0.0, self.gpus * total - used)  # not -3e-15 where every GPU is busy to the end
 
     def to_dict(self) -> dict[str, Any]:
         def plan(p: JobPlan) -> dict[str, Any]:
@@ -153,7 +158,17 @@ class Schedule:
             "replanned": {
                 "days": _finite(self.replanned_days),
                 "idle_gpu_days": _finite(self.idle_gpu_days("replanned")),
-                "phases": [{**plan(ph.plan), "start_days": ph.start, "end_days": ph.end} for ph in self.replanned],
+                "phases": [
+                    {
+                        **plan(ph.plan),
+                        "start_days": ph.start,
+                        "end_days": ph.end,
+                        "days": ph.end - ph.start,  # this phase's, not the whole job's at this count
+                        "gpu_days": ph.plan.gpus * (ph.end - ph.start),
+                        "whole_job_days_at_these_gpus": ph.plan.days,
+                    }
+                    for ph in self.replanned
+                ],
             },
             "one_after_another": {
                 "days": _finite(self.one_after_another_days),
@@ -196,9 +211,11 @@ def _plan_job(job: Job, cluster: ClusterSpec, count: int, workers: int) -> JobPl
     try:
         found = autoplan(job.model, cluster, count, job.global_batch, top=1, workers=workers, **searched, **fixed)
     except SpecError as err:
-        if err.where != "autoplan":
-            raise  # the job's own knobs are bad input, not a count it cannot run on
-        return JobPlan(job.name, count, None, math.inf, f"on {count} GPUs: {err.what}")
+        if err.where == "autoplan" or err.where.startswith("layouts"):
+            # No layout of the job's knobs on this count (a fixed tp that does not divide it, say): a reason for
+            # this count, while other counts and other jobs go on.
+            return JobPlan(job.name, count, None, math.inf, f"on {count} GPUs: {err.where}: {err.what}")
+        raise SpecError(f"job {job.name}: {err.where}", err.what, err.fix) from None
     if not found.best:
         counts = found.counts()
         over, cannot = counts["out_of_memory"], counts["cannot_run"]
@@ -221,7 +238,7 @@ def _plan_job(job: Job, cluster: ClusterSpec, count: int, workers: int) -> JobPl
 def schedule_jobs(
     jobs: Sequence[Job], cluster: ClusterSpec, gpus: int, *, workers: int = 1, counts: Sequence[int] | None = None
 ) -> Schedule:
-    """Plan ``jobs`` on ``gpus`` GPUs of ``cluster`` and compare the two schedules (module docstring). ``counts``
+    """Plan ``jobs`` on ``gpus`` GPUs of ``cluster`` and compare the three schedules (module docstring). ``counts``
     replaces the planned GPU counts (:func:`gpu_counts`) for every job; ``workers`` is the planner's.
 
     Raises
@@ -251,6 +268,8 @@ def schedule_jobs(
     runnable = [j.name for j in jobs if by_job[j.name]]
     side, side_days = _side_by_side(runnable, by_job, gpus)
     phases, replanned_days = _replanned(runnable, by_job, gpus) if side else ((), math.inf)
+    if side_days < replanned_days <= side_days * (1.0 + TIE):
+        replanned_days = side_days  # rebuilt from its phases, side by side's end can come out one rounding later
     serial = tuple(min(by_job[n], key=lambda p: (p.days, p.gpus)) for n in runnable)
     serial_days = sum(p.days for p in serial) if serial else math.inf
     return Schedule(
@@ -353,5 +372,19 @@ def _side_by_side(names: list[str], by_job: dict[str, list[JobPlan]], gpus: int)
         step = min(better, key=lambda p: (p.days, p.gpus))
         free -= step.gpus - last.gpus
         current[last.job] = step
+    # Then to the other jobs, slowest first: the makespan stays, they finish sooner (a re-planned schedule hands
+    # their GPUs on sooner; a finished job's GPUs had sat idle beside a job that could have used them).
+    changed = True
+    while changed and free > 0:
+        changed = False
+        for job in sorted(current, key=lambda n: (-current[n].days, names.index(n))):
+            have = current[job]
+            better = [p for p in by_job[job] if p.days < have.days and p.gpus - have.gpus <= free]
+            if better:
+                step = min(better, key=lambda p: (p.days, p.gpus))
+                free -= step.gpus - have.gpus
+                current[job] = step
+                changed = True
+                break
     chosen = tuple(current[n] for n in names)
     return chosen, max(p.days for p in chosen)

@@ -188,3 +188,18 @@ def test_found_by_a_review(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     bad.write_text(model.read_text(encoding="utf-8").replace('"a\\nb"', '"x\\ud800y"'), encoding="utf-8")
     assert main(["simulate", "--model", str(bad), "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "2"]) == 2
     assert "no Unicode character" in capsys.readouterr().err
+
+
+def test_plan_html_on_one_gpu_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A one-GPU layout had been labelled 'dp only' in the ranking (a review)."""
+    model = tmp_path / "m.yaml"
+    model.write_text(
+        "name: m\nlayers: 2\nhidden: 256\nheads: 4\nffn_hidden: 1024\nvocab: 1000\nseq_len: 256\n", encoding="utf-8"
+    )
+    out = tmp_path / "one.html"
+    argv = ["plan", "--model", str(model), "--cluster", "dgx-h100", "--gpus", "1", "--global-batch", "2"]
+    assert main([*argv, "--workers", "1", "--html", str(out)]) == 0
+    capsys.readouterr()
+    ranking = out.read_text(encoding="utf-8").split("<h2>The fastest layouts</h2>", 1)[1].split("</table>", 1)[0]
+    assert "<td>one GPU</td>" in ranking
+    assert "dp only" not in ranking

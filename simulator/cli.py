@@ -1028,9 +1028,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             raise SpecError(flag, "is required (on the command line or in the grid file)", f"give {flag}")
     _refuse_output_among(args.out, [*_refs(data.get("model")), *_refs(data.get("cluster"))])
     cases = cases_from_mapping(data, where)
-    workers = args.workers if args.workers is not None else max(1, min(_cpus(), len(cases)))
-    if workers < 1:
-        raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
+    workers = _workers(args.workers, max(1, min(_cpus(), len(cases))))
     show = sys.stderr.isatty()
 
     def progress(done: int, total: int) -> None:
@@ -1081,6 +1079,15 @@ def _simulate_flag(args: argparse.Namespace, key: str, value: Any) -> list[str]:
     if isinstance(value, bool):
         return [flag if value else "--no-" + flag.removeprefix("--")]
     return [flag, str(value)]
+
+
+def _workers(given: int | None, default: int) -> int:
+    """``--workers`` as given (at least 1, else bad input), or ``default`` where it was left out."""
+    if given is None:
+        return default
+    if given < 1:
+        raise SpecError("--workers", f"must be >= 1, got {given}", "use 1 to run in this process")
+    return given
 
 
 def _cpus() -> int:
@@ -1256,9 +1263,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise SpecError(flag, "is required", f"give {flag}")
     if args.top < 1:
         raise SpecError("--top", f"must be >= 1, got {args.top}", "rank 1 or more layouts")
-    workers = args.workers if args.workers is not None else _cpus()
-    if workers < 1:
-        raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
+    workers = _workers(args.workers, _cpus())
     start = time.perf_counter()
     try:
         found = autoplan(
@@ -1316,6 +1321,7 @@ def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
     ``tokens`` (a number or 15T), ``global_batch``, and optionally ``plan`` (fixed knobs; lists of tp, pp, cp, ep or
     zero_stage narrow the search), ``min_gpus`` and ``max_gpus``."""
     from simulator.search.jobs import Job
+    from simulator.search.layouts import SEARCHED
     from simulator.specs._fields import Fields
     from simulator.specs.library import load_model
     from simulator.specs.plan import PlanSpec
@@ -1353,7 +1359,7 @@ def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
                     raise plan.error(key, "is set by the schedule", "leave it out: it follows from the GPU count")
                 if key == "global_batch":
                     raise plan.error(key, "is the job's own key", f"give it as jobs[{i}].global_batch, beside plan")
-                if key in ("tp", "pp", "cp", "ep", "zero_stage") and isinstance(value, list):
+                if key in SEARCHED and isinstance(value, list):
                     if not value:
                         raise plan.error(key, "is an empty list", "give one value or more, or leave it out")
                     knobs[key] = [PlanSpec.read_value(key, v, plan.at(key)) for v in value]
@@ -1389,9 +1395,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
         if args.cluster is not None:
             raise
         raise SpecError(f"{args.jobs}: cluster", f"{err.where}: {err.what}", err.fix) from None
-    workers = args.workers if args.workers is not None else _cpus()
-    if workers < 1:
-        raise SpecError("--workers", f"must be >= 1, got {workers}", "use 1 to run in this process")
+    workers = _workers(args.workers, _cpus())
     found = schedule_jobs(jobs, cluster, gpus, workers=workers)
     if args.format == "json":
         print(json.dumps(_json_safe(found.to_dict()), indent=2))

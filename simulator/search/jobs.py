@@ -43,8 +43,6 @@ from simulator.specs.model import ModelSpec
 
 __all__ = ["SCHEDULES", "Job", "JobPlan", "Phase", "Schedule", "gpu_counts", "schedule_jobs"]
 
-SEARCHED_KEYS = ("tp", "pp", "cp", "ep", "zero_stage")
-
 
 @dataclass(frozen=True)
 class Job:
@@ -206,10 +204,9 @@ def gpu_counts(cluster: ClusterSpec, gpus: int, job: Job) -> list[int]:
 
 
 def _plan_job(job: Job, cluster: ClusterSpec, count: int, workers: int) -> JobPlan:
-    searched = {k: job.plan[k] for k in SEARCHED_KEYS if k in job.plan}
-    fixed = {k: v for k, v in job.plan.items() if k not in SEARCHED_KEYS}
     try:
-        found = autoplan(job.model, cluster, count, job.global_batch, top=1, workers=workers, **searched, **fixed)
+        # The job's knobs as autoplan takes them: tp, pp, cp, ep and zero_stage narrow the search, the rest hold.
+        found = autoplan(job.model, cluster, count, job.global_batch, top=1, workers=workers, **job.plan)
     except SpecError as err:
         if err.where == "autoplan" or err.where.startswith("layouts"):
             # No layout of the job's knobs on this count (a fixed tp that does not divide it, say): a reason for

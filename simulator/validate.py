@@ -24,7 +24,8 @@ differently from what the framework did (NeMo's distributed optimizer) or leaves
 own launch scripts state it (the micro-batch, interleaving and DDP flavour of the SC21 runs), each with its
 evidence. Knobs an entry may set: :data:`STACK_KNOBS`, checked like the same keys of a plan file. Every
 entry whose ``match`` is a substring of a row's ``source`` (and whose optional ``model`` is a substring of
-the row's ``model``, for facts read from one model's configuration) applies; for each knob the first such
+the row's ``model``, for facts read from one model's configuration, and whose optional ``columns`` all equal the
+row's cells, for a recipe that states the nodes and micro-batch it ran) applies; for each knob the first such
 entry that sets it decides, so a model's entry goes before its source's, and the row's ``stack`` names the
 first. Stated columns are replaced only for knobs the deciding entry lists under ``override``.
 
@@ -108,6 +109,16 @@ class Stack:
     knobs: dict[str, Any]
     override: tuple[str, ...]
     evidence: str
+    columns: tuple[tuple[str, int], ...] = ()  # (column, value): the row's cell must hold that whole number
+
+    def applies(self, source: str, model: str, cells: dict[str, int | None]) -> bool:
+        """Whether the entry applies to a row with this ``source``, ``model`` and these :data:`STACK_COLUMNS`."""
+        return self.match in source and self.model in model and all(cells.get(c) == v for c, v in self.columns)
+
+
+# The CSV columns an entry's ``columns`` may name: a recipe file states the layout it runs (nodes, micro-batch,
+# interleaving), which tells one of a model's rows from another measured with a different recipe.
+STACK_COLUMNS = ("num_gpus", "tp", "pp", "dp", "cp", "ep", "vp", "micro_batch", "global_batch", "seq_len")
 
 
 # Per row, the layout as simulated (after stack knobs, relaxation and the free knobs' choices).
@@ -134,6 +145,14 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
         override = e.raw("override", [])
         if not isinstance(override, list) or any(not isinstance(k, str) or k not in values for k in override):
             raise e.error("override", "must list knobs that the entry sets", "e.g. override: [zero_stage]")
+        cells = e.sub("columns", None)
+        columns = []
+        for key in cells.data if cells is not None else ():
+            if key not in STACK_COLUMNS:
+                raise cells.error(
+                    str(key), f"is not a column an entry can match; use one of {', '.join(STACK_COLUMNS)}", "remove it"
+                )
+            columns.append((str(key), cells.integer(str(key), minimum=1)))
         out.append(
             Stack(
                 match=e.text("match"),
@@ -142,6 +161,7 @@ def load_stacks(path: Path) -> tuple[Stack, ...]:
                 knobs=values,
                 override=tuple(override),
                 evidence=e.text("evidence"),
+                columns=tuple(columns),
             )
         )
         e.done()
@@ -665,7 +685,8 @@ def validate_frame(
             entry.update(cluster=cluster.name, precision=plan.precision)
             row_source = str(_cell(row, "source") or "")
             row_name = str(_cell(row, "model") or "")
-            matching = [st for st in stacks if st.match in row_source and st.model in row_name]
+            cells = {c: _int_or_none(row, c, where) for c in STACK_COLUMNS} if any(st.columns for st in stacks) else {}
+            matching = [st for st in stacks if st.applies(row_source, row_name, cells)]
             if matching:
                 stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}
                 try:

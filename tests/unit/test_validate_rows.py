@@ -140,6 +140,55 @@ def test_stack_knob_values_are_checked(tmp_path: Path) -> None:
         load_stacks(bad)
 
 
+def test_a_stack_entry_with_columns_applies_only_to_rows_of_that_layout(tmp_path: Path) -> None:
+    """A recipe that states its nodes and micro-batch (NeMo's 175b_mlperf.yaml: 64 nodes, micro-batch 2) is the
+    recipe of one of a model's rows, not of every row of that model: its `columns` must all equal the row's."""
+    stacks_file = tmp_path / "software_stacks.yaml"
+    stacks_file.write_text(
+        "stacks:\n"
+        "  - match: NeMo\n    model: Tiny\n    columns: {num_gpus: 8, micro_batch: 2}\n    name: recipe\n"
+        "    knobs:\n      grad_dtype: bf16\n    evidence: e\n"
+        "  - match: NeMo\n    name: generic\n    knobs:\n      grad_dtype: fp32\n    evidence: e\n",
+        encoding="utf-8",
+    )
+    stacks = load_stacks(stacks_file)
+    assert stacks[0].columns == (("num_gpus", 8), ("micro_batch", 2))
+    frame = pd.DataFrame(
+        [
+            _row(micro_batch=2, global_batch=16),
+            _row(run_id="r2", micro_batch=1, global_batch=16),
+            _row(run_id="r3", micro_batch="", global_batch=16),
+        ]
+    )
+    rows = validate_frame(frame, "t.csv", stacks=stacks).rows
+    assert all(r["feasible"] for r in rows), [r["reason"] for r in rows]
+    assert [r["stack"] for r in rows] == ["recipe", "generic", "generic"]
+    assert [r["stack_knobs"]["grad_dtype"] for r in rows] == ["bf16", "fp32", "fp32"]
+    # The shipped MLPerf entry picks the 512-GPU GPT-3 175B row of NeMo 24.07, and not the 128-GPU one.
+    shipped = next(st for st in load_stacks(STACKS) if "MLPerf" in st.name)
+    runs = pd.read_csv(STACKS.parent / "published_runs.csv")
+    picked = [
+        r.run_id
+        for r in runs.itertuples()
+        if shipped.applies(r.source, r.model, {c: getattr(r, c) for c, _ in shipped.columns})
+    ]
+    assert picked == ["dev-0023"]
+
+
+def test_stack_columns_are_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "software_stacks.yaml"
+    head = "stacks:\n  - match: x\n    name: y\n    knobs: {}\n    evidence: z\n"
+    bad.write_text(head + "    columns: {nodes: 64}\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=r"stacks\[0\]\.columns\.nodes.*num_gpus"):
+        load_stacks(bad)
+    bad.write_text(head + "    columns: {micro_batch: two}\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=r"stacks\[0\]\.columns\.micro_batch"):
+        load_stacks(bad)
+    bad.write_text(head + "    columns: [num_gpus]\n", encoding="utf-8")
+    with pytest.raises(SpecError, match=r"stacks\[0\]\.columns"):
+        load_stacks(bad)
+
+
 def test_a_cluster_cell_no_file_system_takes_is_an_invalid_row_not_the_end_of_the_run() -> None:
     """A 300-character cluster cell made Path.is_file() raise 'File name too long', which ended the whole run
     with one error instead of reporting that row as invalid and the others as usual. Found by fuzzing."""

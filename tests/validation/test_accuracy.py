@@ -49,10 +49,11 @@ ISSUE_TARGET = {
 # Then p90 61.0%, Spearman 0.568, when the fit's monotone-time rule became an isotonic least-squares fit (a
 # review found the cap it replaced held a slow bin's time over every later bin: GEMMs of 3e8-3e9 FLOPs came out
 # 24-56% slower than the rows they were fitted to, now 3-8%); small kernels got faster again, as measured.
+# Published p90 15.1% -> 13.6% (median 4.65% -> 4.68%) when NeMo 24.07's 512-GPU GPT-3 175B row took its own
+# recipe (175b_mlperf.yaml: bf16 gradients, FP8 weights, TP overlap, no recomputation) instead of the generic
+# NeMo entry, under which it did not fit without recomputing (+16.3% -> -9.3%).
 GUARD = {
-    # p90 18.9% since pipeline stages launch their gradient reduction as Megatron-Core does (align_grad_reduce,
-    # analysis/accuracy/NOTES.md); 17.2% before.
-    "published_runs.csv": {"median_abs_error": 0.058, "p90_abs_error": 0.195},
+    "published_runs.csv": {"median_abs_error": 0.052, "p90_abs_error": 0.141},
     "vtrain_single_node.csv": {"median_abs_error": 0.228, "p90_abs_error": 0.615},
 }
 GUARD_SPEARMAN = 0.55
@@ -84,7 +85,6 @@ def test_published_runs_meet_the_median_target(published: ValidationReport) -> N
     assert published.summary["median_abs_error"] <= ISSUE_TARGET["published_runs.csv"]["median_abs_error"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 4 target not reached yet; see analysis/ACCURACY.md")
 def test_published_runs_meet_the_p90_target(published: ValidationReport) -> None:
     assert published.summary["p90_abs_error"] <= ISSUE_TARGET["published_runs.csv"]["p90_abs_error"]
 

@@ -164,15 +164,26 @@ def test_a_stack_entry_with_columns_applies_only_to_rows_of_that_layout(tmp_path
     assert all(r["feasible"] for r in rows), [r["reason"] for r in rows]
     assert [r["stack"] for r in rows] == ["recipe", "generic", "generic"]
     assert [r["stack_knobs"]["grad_dtype"] for r in rows] == ["bf16", "fp32", "fp32"]
-    # The shipped MLPerf entry picks the 512-GPU GPT-3 175B row of NeMo 24.07, and not the 128-GPU one.
-    shipped = next(st for st in load_stacks(STACKS) if "MLPerf" in st.name)
+    # Each shipped recipe entry picks the one published row whose layout its recipe runs: the MLPerf recipe the
+    # 512-GPU GPT-3 175B row and not the 128-GPU one, each launch script its own row.
     runs = pd.read_csv(STACKS.parent / "published_runs.csv")
-    picked = [
-        r.run_id
-        for r in runs.itertuples()
-        if shipped.applies(r.source, r.model, {c: getattr(r, c) for c, _ in shipped.columns})
-    ]
-    assert picked == ["dev-0023"]
+    picked = {
+        st.model: [
+            r.run_id
+            for r in runs.itertuples()
+            if st.applies(r.source, r.model, {c: getattr(r, c) for c, _ in st.columns})
+        ]
+        for st in load_stacks(STACKS)
+        if st.columns
+    }
+    assert picked == {
+        "GPT3-175B": ["dev-0023"],
+        "GPT3-5B": ["dev-0020"],
+        "LLAMA2-7B": ["dev-0024"],
+        "LLAMA2-70B": ["dev-0026"],
+        "LLAMA3-8B": ["dev-0030"],
+        "LLAMA3-70B": ["dev-0031"],
+    }
 
 
 def test_stack_columns_are_checked(tmp_path: Path) -> None:

@@ -51,9 +51,11 @@ ISSUE_TARGET = {
 # 24-56% slower than the rows they were fitted to, now 3-8%); small kernels got faster again, as measured.
 # Published p90 15.1% -> 13.6% (median 4.65% -> 4.68%) when NeMo 24.07's 512-GPU GPT-3 175B row took its own
 # recipe (175b_mlperf.yaml: bf16 gradients, FP8 weights, TP overlap, no recomputation) instead of the generic
-# NeMo entry, under which it did not fit without recomputing (+16.3% -> -9.3%).
+# NeMo entry, under which it did not fit without recomputing (+16.3% -> -9.3%). Then median 5.6%, p90 13.9%, when
+# five more NeMo rows took their H100 FP8 launch scripts' bf16 gradients (and Llama 3 70B its recipe's TP overlap):
+# Llama 3 8B fits without the recomputation its recipe does not run (+4.7% -> -13.5%), Llama 3 70B -2.3% -> -10.4%.
 GUARD = {
-    "published_runs.csv": {"median_abs_error": 0.052, "p90_abs_error": 0.141},
+    "published_runs.csv": {"median_abs_error": 0.061, "p90_abs_error": 0.144},
     "vtrain_single_node.csv": {"median_abs_error": 0.228, "p90_abs_error": 0.615},
 }
 GUARD_SPEARMAN = 0.55

@@ -832,7 +832,19 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 data = load_yaml_file(path)
                 kind = _guess_kind(data, path)
                 where = str(path)
-                if kind == "model":
+                if kind == "software stacks":
+                    from simulator.validate import load_stacks
+
+                    kind += f", {len(load_stacks(path))} entries"
+                elif kind == "jobs":
+                    head, jobs = _jobs_from_file(path)
+                    if head["cluster"] is not None:
+                        try:
+                            load_cluster(head["cluster"])
+                        except SpecError as err:
+                            raise SpecError(f"{where}: cluster", f"{err.where}: {err.what}", err.fix) from None
+                    kind += f", {len(jobs)} jobs"
+                elif kind == "model":
                     ModelSpec.from_mapping(data, where)
                 elif kind == "device":
                     DeviceSpec.from_mapping(data, where)
@@ -898,13 +910,21 @@ def _guess_kind(data: Any, path: Path) -> str:
     by_keys = kinds_by_keys(data)
     if len(by_keys) == 1:
         return by_keys[0]
+    if not by_keys and "stacks" in data:
+        return "software stacks"  # validate's software_stacks.yaml
+    if not by_keys and "jobs" in data:
+        return "jobs"  # a schedule's jobs file
     folders = {p.lower() for p in path.parts}
     for folder, kind in (("calibration", "calibration"), ("devices", "device"), ("clusters", "cluster")):
         if folder in folders and (not by_keys or kind in by_keys):
             return kind
     if by_keys:
         return by_keys[0]
-    raise SpecError(str(path), "is not a model, device, cluster, calibration or plan file", "check its keys")
+    raise SpecError(
+        str(path),
+        "is not a model, device, cluster, calibration, plan, jobs or software-stacks file",
+        "check its keys",
+    )
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -1568,9 +1588,12 @@ def _build_parser() -> _Parser:
     )
     graph.set_defaults(func=_cmd_graph)
 
-    check = sub.add_parser("check", help="validate model, hardware, calibration or plan files")
+    check = sub.add_parser("check", help="validate model, hardware, calibration, plan, jobs or software-stacks files")
     check.add_argument(
-        "files", nargs="+", type=Path, help="model, device, cluster, calibration or plan YAML files (or HF config.json)"
+        "files",
+        nargs="+",
+        type=Path,
+        help="model, device, cluster, calibration, plan, jobs or software-stacks YAML files (or HF config.json)",
     )
     check.set_defaults(func=_cmd_check)
 

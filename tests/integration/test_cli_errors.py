@@ -191,6 +191,28 @@ def test_check_accepts_good_files(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "(device)" in out
 
 
+def test_check_reads_software_stacks_and_jobs_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """check refused validate's software_stacks.yaml and schedule's jobs files as no kind of file it knew, so a
+    user could check neither before a long run; now each is read by the reader its command uses."""
+    stacks = ROOT / "data" / "validation" / "software_stacks.yaml"
+    jobs = ROOT / "analysis" / "schedules" / "two_llamas.yaml"
+    assert main(["check", str(stacks), str(jobs)]) == 0
+    out = capsys.readouterr().out
+    assert "(software stacks, " in out
+    assert "(jobs, 2 jobs)" in out
+    bad = tmp_path / "software_stacks.yaml"
+    bad.write_text("stacks:\n  - match: x\n    name: y\n    columns: {nodes: 8}\n    knobs: {}\n    evidence: z\n")
+    assert main(["check", str(bad)]) == 2
+    _check_message(capsys.readouterr().err, ["stacks[0].columns.nodes", "num_gpus"])
+    bad_jobs = tmp_path / "jobs.yaml"
+    bad_jobs.write_text("cluster: dgx-h1000\njobs:\n  - {name: a, model: llama3-8b, tokens: 1B, global_batch: 8}\n")
+    assert main(["check", str(bad_jobs)]) == 2
+    _check_message(capsys.readouterr().err, ["jobs.yaml: cluster", "dgx-h100"])
+    bad_jobs.write_text("jobs:\n  - {name: a, model: llama3-8b, tokens: lots, global_batch: 8}\n")
+    assert main(["check", str(bad_jobs)]) == 2
+    _check_message(capsys.readouterr().err, ["jobs[0].tokens"])
+
+
 SIM = [
     "simulate",
     "--model",

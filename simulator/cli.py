@@ -835,7 +835,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 if kind == "software stacks":
                     from simulator.validate import load_stacks
 
-                    kind += f", {len(load_stacks(path))} entries"
+                    entries = len(load_stacks(path))
+                    kind += f", {entries} entr{'y' if entries == 1 else 'ies'}"
                 elif kind == "jobs":
                     head, jobs = _jobs_from_file(path)
                     if head["cluster"] is not None:
@@ -843,7 +844,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                             load_cluster(head["cluster"])
                         except SpecError as err:
                             raise SpecError(f"{where}: cluster", f"{err.where}: {err.what}", err.fix) from None
-                    kind += f", {len(jobs)} jobs"
+                    kind += f", {len(jobs)} job{'' if len(jobs) == 1 else 's'}"
                 elif kind == "model":
                     ModelSpec.from_mapping(data, where)
                 elif kind == "device":

@@ -200,6 +200,14 @@ def test_check_reads_software_stacks_and_jobs_files(tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     assert "(software stacks, " in out
     assert "(jobs, 2 jobs)" in out
+    # The example entry in data/validation/README.md is a stacks file that checks.
+    readme = (ROOT / "data" / "validation" / "README.md").read_text(encoding="utf-8")
+    example = tmp_path / "example_stacks.yaml"
+    block = re.search(r"```yaml\n(stacks:.*?)```", readme, re.S)
+    assert block is not None, "data/validation/README.md lost its software_stacks.yaml example"
+    example.write_text(block.group(1))
+    assert main(["check", str(example)]) == 0
+    assert "(software stacks, 1 entry)" in capsys.readouterr().out
     bad = tmp_path / "software_stacks.yaml"
     bad.write_text("stacks:\n  - match: x\n    name: y\n    columns: {nodes: 8}\n    knobs: {}\n    evidence: z\n")
     assert main(["check", str(bad)]) == 2

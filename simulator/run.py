@@ -11,11 +11,12 @@ Nothing here models physics; it only wires the layers together.
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 import numbers
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -28,6 +29,7 @@ from simulator.cost.memory import StageMemory, stage_memory
 from simulator.engine.fold import FoldResult, TimedStep, fold
 from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, lower_bound, simulate_pipeline
 from simulator.errors import InfeasiblePlanError, SpecError
+from simulator.graph.ops import Op
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import (
@@ -38,6 +40,7 @@ from simulator.parallel.program import (
     param_all_gathers,
     program_key,
     reduces_in_backward,
+    shard_op,
     stage_params,
 )
 from simulator.parallel.schedule import generate, schedule_with_in_flight, stage_in_flight
@@ -449,8 +452,9 @@ class Ranked:
     ``result`` is the plan's answer exactly as ``simulate(model, cluster, plan, raise_infeasible=False,
     time_oom=False)`` gives it, or None where the ranking proved, without running the engine on it, that the plan
     cannot be among the fastest asked for. ``bound_s`` is a lower bound on the plan's step where a candidate fits
-    (the smallest of its candidates' :func:`~simulator.engine.pipeline.lower_bound`, which depends on the plan alone),
-    NaN where none fits.
+    (the smallest of its candidates' compute floors, :func:`_compute_floor`: the busiest stage's op times without
+    the pipeline fill, the collectives or the optimizer; it depends on the plan alone, not on how far the ranking
+    timed it), NaN where none fits.
     """
 
     result: StepResult | None
@@ -462,7 +466,8 @@ def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, t
 
     Each plan's free knobs are searched as :func:`simulate` searches them, but the candidates of all the plans
     are pooled: the engine runs them in the order of their lower bounds and stops once a bound exceeds the
-    ``top``-th fastest plan found, so most plans of a large layout search never reach the engine. Every plan among
+    ``top``-th fastest plan found, so most plans of a large layout search never reach the engine, and a candidate
+    whose compute floor already exceeds it is not even prepared (:class:`_Queue`). Every plan among
     the ``top`` fastest, and every other plan whose search finished, has the result :func:`simulate` gives it
     (with ``raise_infeasible=False, time_oom=False``: a plan that does not fit is answered from memory alone); the
     rest have None and their bound. One entry per plan, in the plans' order.
@@ -475,7 +480,7 @@ def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, t
     >>> [(p.tp, r.result is not None and r.result.feasible) for p, r in zip(plans, ranked)]  # tp 1 does not fit
     [(1, False), (2, False), (4, True), (8, False)]
     >>> round(ranked[1].bound_s, 2), round(ranked[2].result.step_time_s, 2)  # tp 2 cannot beat tp 4: not timed
-    (3.89, 3.52)
+    (3.54, 3.52)
     """
     check_whole("rank: top", top, "ask for the fastest 1 or more")
     plans = list(plans)  # a generator is read once
@@ -491,7 +496,7 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: in
     answers: list[StepResult | None] = [None] * len(plans)
     bounds = [math.nan] * len(plans)
     models: list[ModelSpec] = [model] * len(plans)
-    pool: list[tuple[float, int, int, _Prepared]] = []  # (bound, plan, candidate, prepared)
+    pool: list[tuple[float, int, int, _Deferred]] = []  # (floor, plan, candidate, deferred)
     for pi, plan in enumerate(plans):
         try:
             models[pi], normal = _normalised(model, cluster, plan)
@@ -503,26 +508,31 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: in
                     # As simulate answers a plan none of whose candidates fits (its _run, memory only).
                     answers[pi] = _run(models[pi], cluster, fallback.plan, False, fallback.chosen, False)
             else:
-                got = _prepare(models[pi], cluster, normal, False, {}, memory_only_if_infeasible=True)
-                prepared = [(lower_bound(got.pipe), 0, got)] if isinstance(got, _Prepared) else []
-                if not isinstance(got, _Prepared):
+                got = _prepare(models[pi], cluster, normal, False, {}, memory_only_if_infeasible=True, defer=True)
+                prepared = [(got.floor_s, 0, got)] if isinstance(got, _Deferred) else []
+                if not isinstance(got, _Deferred):
+                    assert isinstance(got, StepResult)  # memory only: the plan does not fit
                     answers[pi] = got
         except InfeasiblePlanError as err:
             answers[pi] = infeasible_result(model, cluster, plan, str(err))
             continue
-        pool += [(bound, pi, ci, ready) for bound, ci, ready in prepared]
+        pool += [(floor, pi, ci, deferred) for floor, ci, deferred in prepared]
         if prepared:
             bounds[pi] = prepared[0][0]
-    pool.sort(key=lambda item: (item[0], item[1], item[2]))
     finished: dict[int, list[tuple[int, StepResult]]] = {}
     fastest: dict[int, float] = {}  # per plan, its fastest candidate timed so far
     cutoff = math.inf  # the top-th fastest plan so far: no candidate bounded above it can enter the top
-    unrun: dict[int, float] = {}  # per plan, the smallest bound among its candidates the engine skipped
-    for bound, pi, ci, ready in pool:
-        limit = min(fastest.get(pi, math.inf), cutoff) * (1.0 + BOUND_SLACK)
-        if bound > limit:
-            unrun.setdefault(pi, bound)
-            continue
+    unrun: dict[int, float] = {}  # per plan, the smallest bound (or floor) among its candidates the engine skipped
+
+    def limit(pi: int) -> float:
+        return min(fastest.get(pi, math.inf), cutoff) * (1.0 + BOUND_SLACK)
+
+    def skipped(pi: int, bound: float) -> None:
+        unrun[pi] = min(unrun.get(pi, math.inf), bound)
+
+    queue = _Queue(pool, cluster, models)
+    while (item := queue.pop(limit, skipped)) is not None:
+        _, pi, ci, ready = item
         result = _finish(models[pi], cluster, ready)
         finished.setdefault(pi, []).append((ci, result))
         fastest[pi] = min(fastest.get(pi, math.inf), result.step_time_s)
@@ -582,15 +592,20 @@ def _simulate(
     model, plan = _normalised(model, cluster, plan)
     if not plan.free_knobs:
         return _run(model, cluster, plan, record, {}, time_oom)
-    # Every candidate is prepared (memory, durations) first, which is cheap; the engine then runs them in
-    # the order of a lower bound on their step time and skips those whose bound cannot beat the fastest
-    # found so far. The choice is the same as running every candidate (ties go to the earlier candidate).
-    prepared, fallback = _search(model, cluster, plan)
+    # Every candidate is sized first (memory, and a floor from its compute alone), which is cheap; the engine then
+    # runs them in the order of a lower bound on their step time, building a candidate's programs only when its
+    # floor can still beat the fastest found so far, and skips those whose bound cannot. The choice is the same
+    # as running every candidate (ties go to the earlier candidate).
+    pending, fallback = _search(model, cluster, plan)
     finished: list[tuple[int, StepResult]] = []
     fastest = math.inf
-    for bound, index, ready in prepared:
-        if bound > fastest * (1.0 + BOUND_SLACK):
-            break
+    queue = _Queue([(floor, 0, index, deferred) for floor, index, deferred in pending], cluster, [model])
+
+    def limit(_: int) -> float:
+        return fastest * (1.0 + BOUND_SLACK)
+
+    while (item := queue.pop(limit)) is not None:
+        _, _, index, ready = item
         result = _finish(model, cluster, ready)
         finished.append((index, result))
         fastest = min(fastest, result.step_time_s)
@@ -631,12 +646,12 @@ def _normalised(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> tuple
 
 def _search(
     model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec
-) -> tuple[list[tuple[float, int, _Prepared]], StepResult | None]:
-    """The free-knob search before the engine: every candidate that fits, prepared, with a lower bound on its step,
-    sorted by (bound, candidate index); and, for when none fits, the candidate that is least over memory (a
+) -> tuple[list[tuple[float, int, _Deferred]], StepResult | None]:
+    """The free-knob search before the engine: every candidate that fits, sized and deferred, with its compute floor,
+    sorted by (floor, candidate index); and, for when none fits, the candidate that is least over memory (a
     memory-only answer), None where no candidate is a runnable plan. ``model`` and ``plan`` are
-    :func:`_normalised`."""
-    prepared: list[tuple[float, int, _Prepared]] = []
+    :func:`_normalised`. :class:`_Queue` prepares and times them in the order the engine needs them."""
+    prepared: list[tuple[float, int, _Deferred]] = []
     fallback: StepResult | None = None
     # Memory does not depend on grad_overlap, so the candidates that differ only in it need the same
     # recomputation: the second starts its search where the first one's ended (None: nothing ran or fitted).
@@ -648,16 +663,16 @@ def _search(
         if start is None:
             continue  # its twin found no runnable or fitting recomputation; this one, with equal memory, neither
         got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start, folds)
-        if isinstance(got, _Prepared):
-            prepared.append((lower_bound(got.pipe), index, got))
+        if isinstance(got, _Deferred):
+            prepared.append((got.floor_s, index, got))
             fitting = fitted[twin]
             if plan.recompute is None and got.plan.recompute == "selective" and fitting is not None:
                 # Selective and full recomputation trade memory for time differently (with a fused attention
                 # kernel selective saves little memory, yet costs the attention core again): the fewest fully
                 # recomputed layers that fit (the options after selective) compete too.
                 more, _ = _first_fitting_recompute(model, cluster, candidate, plan, fitting + 1, folds)
-                if isinstance(more, _Prepared):
-                    prepared.append((lower_bound(more.pipe), index, more))
+                if isinstance(more, _Deferred):
+                    prepared.append((more.floor_s, index, more))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
             fallback = got
     prepared.sort(key=lambda item: (item[0], item[1]))
@@ -778,8 +793,8 @@ def _first_fitting_recompute(
     original: PlanSpec,
     start: int = 0,
     fold_memo: _FoldMemo | None = None,
-) -> tuple[StepResult | _Prepared | None, int | None]:
-    """The candidate with the least recomputation that fits, prepared for the engine; else the last
+) -> tuple[StepResult | _Deferred | None, int | None]:
+    """The candidate with the least recomputation that fits, sized and deferred (:func:`_ready`); else the last
     (infeasible) memory-only result, or None when no recompute setting gives a runnable plan. Also returns the
     index of the fitting option in :func:`_recompute_options` (None when none fits); the search starts at
     option ``start``, which a caller passes when it knows that the options before it do not fit.
@@ -812,11 +827,13 @@ def _first_fitting_recompute(
                 memory_only_if_infeasible=True,
                 sized=sized.get(trial),
                 fold_memo=fold_memo,
+                defer=True,
             )
         except InfeasiblePlanError:
             return last, None
-        if isinstance(got, _Prepared):
+        if isinstance(got, _Deferred):
             return got, i
+        assert isinstance(got, StepResult)  # memory only: the plan does not fit
         last = got
         i += 1
     return last, None
@@ -960,9 +977,98 @@ def _run(
     """Simulate a fully specified plan (out of memory still runs the engine and says so in ``reason``, unless
     ``time_oom`` is false: then the memory model's answer comes back without times)."""
     prepared = _prepare(model, cluster, plan, record, chosen, memory_only_if_infeasible=not time_oom)
-    if not isinstance(prepared, _Prepared):
+    if isinstance(prepared, StepResult):
         return prepared  # out of memory, not timed
+    assert isinstance(prepared, _Prepared)  # not deferred: no defer asked
     return _finish(model, cluster, prepared)
+
+
+@dataclass(frozen=True, slots=True)
+class _Deferred:
+    """A free-knob candidate that fits, sized but not yet timed: the search builds, times and folds its programs
+    (:func:`_ready`) only once its floor (:func:`_compute_floor`) says it could still beat the fastest step found."""
+
+    plan: PlanSpec
+    chosen: dict[str, Any]
+    sized: _Sized
+    folds: _FoldMemo | None
+    floor_s: float
+
+
+def _compute_floor(
+    graph: ModelGraph, layout: Layout, chunks: tuple[tuple[Chunk, ...], ...], compute: ComputeModel
+) -> float:
+    """A lower bound on the step, from the compute the programs must contain, without building them.
+
+    Every op of a block's forward and backward is emitted into the chunk's programs unchanged (``program._build``:
+    sharded, then ``_emit_compute``; fully recomputed layers run their forward ops again), except the attention core
+    under context parallelism, which runs as pieces and is left out here; the programs only add to these (FP8 casts,
+    gradient accumulation, collectives). A program's compute runs on one stream at no less than its nominal time
+    (overlap only slows it), and a stage runs each task of every micro-batch one after another, not before the first
+    micro-batch's forward has crossed every earlier stage's first chunk (:func:`~simulator.engine.pipeline.lower_bound`,
+    whose fill and busy terms these bound from below). It leaves out the collectives, the drain and the optimizer, so it
+    is weaker than the engine's bound, but it costs a few op timings per block instead of building the programs."""
+    moe = graph.model.moe
+    experts, top_k = (moe.num_experts, moe.top_k) if moe is not None else (0, 1)
+    split_attention = layout.cp.size > 1
+
+    def seconds(ops: tuple[Op, ...]) -> float:
+        return sum(
+            compute.time(shard_op(op, layout, experts, top_k))
+            for op in ops
+            if not (split_attention and op.kind == "attention")
+        )
+
+    per_block: dict[str, tuple[float, float]] = {}
+    key = (graph, program_key(layout), id(compute))  # what a block's sharded ops and their times depend on
+    recompute_all = layout.recompute == "full"
+    limit = layout.plan.recompute_layers  # None: every layer of a chunk
+    m = layout.num_micro_batches
+    floor = 0.0
+    fill = 0.0  # the first micro-batch's forward through the first chunk of every earlier stage
+    for stage in chunks:
+        total = 0.0
+        first_forward = 0.0
+        for c, chunk in enumerate(stage):
+            layers_before = 0
+            for name, count in chunk.blocks:
+                if name not in per_block:
+                    per_block[name] = _block_floor(key, name, compute, seconds)
+                fwd, bwd = per_block[name]
+                total += count * (fwd + bwd)
+                if c == 0:
+                    first_forward += count * fwd
+                if name.startswith("layer."):
+                    if recompute_all:
+                        again = count if limit is None else max(0, min(count, limit - layers_before))
+                        total += again * fwd
+                    layers_before += count
+        floor = max(floor, fill + m * total)
+        fill += first_forward
+    return floor
+
+
+def _block_floor(
+    key: tuple[Any, ...], name: str, compute: ComputeModel, seconds: Callable[[tuple[Op, ...]], float]
+) -> tuple[float, float]:
+    """A block's forward and backward compute floor (:func:`_compute_floor`), kept across candidates and calls: a
+    search sizes every candidate, and a repeated call sizes them all again."""
+    hit = _BLOCK_FLOORS.get((*key, name))
+    if hit is not None:
+        _BLOCK_FLOORS.move_to_end((*key, name))
+        return hit[1]
+    graph = key[0]
+    block = graph.block(name)
+    got = (seconds(block.forward), seconds(block.backward))
+    _BLOCK_FLOORS[(*key, name)] = (compute, got)  # the model held, so that its id in the key stays its own
+    if len(_BLOCK_FLOORS) > BLOCK_FLOORS_MAX:
+        _BLOCK_FLOORS.popitem(last=False)
+    return got
+
+
+# Block floors across calls, least recently used out first; an entry is two floats (and the key).
+BLOCK_FLOORS_MAX = 4096
+_BLOCK_FLOORS: OrderedDict[tuple[Any, ...], tuple[ComputeModel, tuple[float, float]]] = OrderedDict()
 
 
 @dataclass(frozen=True, slots=True)
@@ -990,14 +1096,17 @@ def _prepare(
     memory_only_if_infeasible: bool = False,
     sized: _Sized | None = None,
     fold_memo: _FoldMemo | None = None,
-) -> StepResult | _Prepared:
+    defer: bool = False,
+) -> StepResult | _Prepared | _Deferred:
     """Everything up to the engine: layout, graph, memory, schedule and the engine's input.
 
     Returns the (infeasible) result already when the plan does not fit and ``memory_only_if_infeasible``;
     ``sized`` is the plan's :func:`_layout_memory` where the caller has it already, ``fold_memo`` the search's
-    folded programs (:func:`_pipeline_input`).
+    folded programs (:func:`_pipeline_input`). With ``defer``, a plan that fits comes back sized, with its compute
+    floor, for :func:`_ready` to finish when the search needs it.
     """
-    layout, graph, chunks, memory = sized if sized is not None else _layout_memory(model, cluster, plan)
+    sized = sized if sized is not None else _layout_memory(model, cluster, plan)
+    layout, graph, chunks, memory = sized
     if plan.expert_tp is None and layout.experts_folded:
         chosen = {**chosen, "expert_tp": layout.etp}  # MoE parallel folding was the only way to place ep
     over = [m for m in memory if m.over > 0]
@@ -1009,6 +1118,8 @@ def _prepare(
             # With the defaults it was sized under written out, as a timed result's plan has them (_as_run).
             return _infeasible_result(model, cluster, _as_run(plan, layout, model), memory, reason, chosen)
     compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
+    if defer and not over:
+        return _Deferred(plan, chosen, sized, fold_memo, _compute_floor(graph, layout, chunks, compute))
     # The models are shared across calls; their uncalibrated sets must describe this run only.
     compute.uncalibrated.clear()
     comm.uncalibrated.clear()
@@ -1020,6 +1131,63 @@ def _prepare(
     )
     labels = frozenset(compute.uncalibrated | comm.uncalibrated)
     return _Prepared(plan, layout, graph, memory, reason, chosen, pipe, hw_flops_rank, labels)
+
+
+class _Queue:
+    """Deferred candidates (``(floor, plan index, candidate index, deferred)``) in the order of their engine lower
+    bounds, each prepared (programs built, timed and folded) only when the search reaches its floor.
+
+    :meth:`pop` returns the candidate with the smallest :func:`~simulator.engine.pipeline.lower_bound` among those
+    not yet returned or skipped: a candidate's floor is at most its bound, so once the smallest prepared bound is no
+    larger than the next floor, no candidate still deferred can come before it. The engine therefore meets the
+    candidates in the order the search met them when it prepared every one first (ties of equal bounds aside),
+    and candidates whose floor is already beyond their plan's limit are never prepared.
+    """
+
+    def __init__(
+        self, items: list[tuple[float, int, int, _Deferred]], cluster: ClusterSpec, models: Sequence[ModelSpec]
+    ) -> None:
+        self._pending = sorted(items, key=lambda item: (item[0], item[1], item[2]))
+        self._next = 0
+        self._heap: list[tuple[float, int, int, int, _Prepared]] = []  # (bound, plan, candidate, arrival, ...)
+        self._arrivals = 0
+        self._cluster = cluster
+        self._models = models
+
+    def pop(
+        self, limit: Callable[[int], float], skipped: Callable[[int, float], None] | None = None
+    ) -> tuple[float, int, int, _Prepared] | None:
+        """The next candidate whose bound is within ``limit(plan index)``, or None when none is left; candidates
+        passed over because their floor or bound exceeds their plan's limit are reported to ``skipped``."""
+        while True:
+            floor = self._pending[self._next][0] if self._next < len(self._pending) else math.inf
+            if self._heap and self._heap[0][0] <= floor:
+                bound, pi, ci, _, ready = heapq.heappop(self._heap)
+                if bound <= limit(pi):
+                    return bound, pi, ci, ready
+                if skipped is not None:
+                    skipped(pi, bound)
+            elif self._next < len(self._pending):
+                _, pi, ci, deferred = self._pending[self._next]
+                self._next += 1
+                if floor > limit(pi):
+                    if skipped is not None:
+                        skipped(pi, floor)
+                    continue
+                ready = _ready(self._models[pi], self._cluster, deferred)
+                heapq.heappush(self._heap, (lower_bound(ready.pipe), pi, ci, self._arrivals, ready))
+                self._arrivals += 1
+            else:
+                return None
+
+
+def _ready(model: ModelSpec, cluster: ClusterSpec, deferred: _Deferred) -> _Prepared:
+    """A deferred candidate prepared for the engine, as :func:`_prepare` would have prepared it at once."""
+    got = _prepare(
+        model, cluster, deferred.plan, False, deferred.chosen, sized=deferred.sized, fold_memo=deferred.folds
+    )
+    assert isinstance(got, _Prepared)  # it fits: _prepare returns early only for a plan that does not
+    return got
 
 
 def _finish(model: ModelSpec, cluster: ClusterSpec, prepared: _Prepared) -> StepResult:

@@ -840,10 +840,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                 elif kind == "jobs":
                     head, jobs = _jobs_from_file(path)
                     if head["cluster"] is not None:
-                        try:
-                            load_cluster(head["cluster"])
-                        except SpecError as err:
-                            raise SpecError(f"{where}: cluster", f"{err.where}: {err.what}", err.fix) from None
+                        _jobs_file_cluster(path, head["cluster"])
                     kind += f", {len(jobs)} job{'' if len(jobs) == 1 else 's'}"
                 elif kind == "model":
                     ModelSpec.from_mapping(data, where)
@@ -1396,6 +1393,16 @@ def _jobs_from_file(path: Path) -> tuple[dict[str, Any], list[Any]]:
     return head, jobs
 
 
+def _jobs_file_cluster(path: Path, ref: str) -> Any:
+    """The cluster a jobs file names, its errors reported at the file's ``cluster`` key."""
+    from simulator.specs.library import load_cluster
+
+    try:
+        return load_cluster(ref)
+    except SpecError as err:
+        raise SpecError(f"{path}: cluster", f"{err.where}: {err.what}", err.fix) from None
+
+
 def _cmd_schedule(args: argparse.Namespace) -> int:
     from simulator.search.jobs import schedule_jobs
     from simulator.specs.library import load_cluster
@@ -1410,12 +1417,7 @@ def _cmd_schedule(args: argparse.Namespace) -> int:
     if cluster_ref is None or gpus is None:
         flag = "--cluster" if cluster_ref is None else "--gpus"
         raise SpecError(flag, "is required", f"give {flag}, or '{flag[2:]}:' in {args.jobs}")
-    try:
-        cluster = load_cluster(cluster_ref)
-    except SpecError as err:
-        if args.cluster is not None:
-            raise
-        raise SpecError(f"{args.jobs}: cluster", f"{err.where}: {err.what}", err.fix) from None
+    cluster = load_cluster(cluster_ref) if args.cluster is not None else _jobs_file_cluster(args.jobs, cluster_ref)
     workers = _workers(args.workers, _cpus())
     found = schedule_jobs(jobs, cluster, gpus, workers=workers)
     if args.format == "json":

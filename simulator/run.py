@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -89,6 +89,8 @@ MICRO_BATCH_CANDIDATES_MAX = 16
 # From this many partial-recomputation settings on, the search bisects over them instead of trying each in
 # turn (_first_fitting_recompute); below it, a linear scan costs no more. Same answer either way.
 PARTIAL_RECOMPUTE_BISECT_MIN = 4
+_V = TypeVar("_V")
+
 # Relative margin by which a candidate's lower bound must exceed the fastest step found before the free-knob
 # search skips it: the bound sums the same durations in another order, so it may round a few ulps high.
 BOUND_SLACK = 1e-9
@@ -518,7 +520,7 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: in
             continue
         pool += [(floor, pi, ci, deferred) for floor, ci, deferred in prepared]
         if prepared:
-            bounds[pi] = prepared[0][0]
+            bounds[pi] = min(floor for floor, _, _ in prepared)
     finished: dict[int, list[tuple[int, StepResult]]] = {}
     fastest: dict[int, float] = {}  # per plan, its fastest candidate timed so far
     cutoff = math.inf  # the top-th fastest plan so far: no candidate bounded above it can enter the top
@@ -648,9 +650,9 @@ def _search(
     model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec
 ) -> tuple[list[tuple[float, int, _Deferred]], StepResult | None]:
     """The free-knob search before the engine: every candidate that fits, sized and deferred, with its compute floor,
-    sorted by (floor, candidate index); and, for when none fits, the candidate that is least over memory (a
+    in the order of the candidates; and, for when none fits, the candidate that is least over memory (a
     memory-only answer), None where no candidate is a runnable plan. ``model`` and ``plan`` are
-    :func:`_normalised`. :class:`_Queue` prepares and times them in the order the engine needs them."""
+    :func:`_normalised`. :class:`_Queue` orders them and prepares and times them as the engine needs them."""
     prepared: list[tuple[float, int, _Deferred]] = []
     fallback: StepResult | None = None
     # Memory does not depend on grad_overlap, so the candidates that differ only in it need the same
@@ -675,7 +677,6 @@ def _search(
                     prepared.append((more.floor_s, index, more))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
             fallback = got
-    prepared.sort(key=lambda item: (item[0], item[1]))
     return prepared, fallback
 
 
@@ -875,6 +876,25 @@ def _fits(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, sized: dict[Pl
     return all(m.over <= 0 for m in got[-1])
 
 
+class _Recent(Generic[_V]):
+    """A cache kept across calls, bounded to its ``size`` most recently used entries (the oldest out first)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[Any, ...], _V] = OrderedDict()
+
+    def get(self, key: tuple[Any, ...]) -> _V | None:
+        hit = self._items.get(key)
+        if hit is not None:
+            self._items.move_to_end(key)
+        return hit
+
+    def put(self, key: tuple[Any, ...], value: _V) -> None:
+        self._items[key] = value
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
 class _FoldedChunk(NamedTuple):
     """A chunk's forward, backward and weight-gradient programs folded for the engine, the FLOPs they execute,
     and the uncalibrated labels timing them raised (so that a plan reusing them reports the same)."""
@@ -911,7 +931,6 @@ def _fold_chunk(
         key = (graph, program_key(layout), blocks, id(compute), id(comm), slowdown, host)
         hit = _FOLDED.get(key)
         if hit is not None:
-            _FOLDED.move_to_end(key)
             return _reused(hit[2], compute, comm)
     outer_compute, compute.uncalibrated = compute.uncalibrated, set()
     outer_comm, comm.uncalibrated = comm.uncalibrated, set()
@@ -927,9 +946,7 @@ def _fold_chunk(
         comm.uncalibrated = outer_comm | comm.uncalibrated
     folded = _FoldedChunk(fwd, bwd, wgt, flops, *labels)
     if key is not None:
-        _FOLDED[key] = (compute, comm, folded)  # the models held, so that their ids in the key stay theirs
-        if len(_FOLDED) > FOLDED_MAX:
-            _FOLDED.popitem(last=False)
+        _FOLDED.put(key, (compute, comm, folded))  # the models held, so that their ids in the key stay theirs
     return folded
 
 
@@ -942,7 +959,7 @@ def _reused(folded: _FoldedChunk, compute: ComputeModel, comm: CommModel) -> _Fo
 
 # Folded chunks across calls, least recently used out first: bounded like the program cache it mirrors.
 FOLDED_MAX = 256
-_FOLDED: OrderedDict[tuple[Any, ...], tuple[ComputeModel, CommModel, _FoldedChunk]] = OrderedDict()
+_FOLDED: _Recent[tuple[ComputeModel, CommModel, _FoldedChunk]] = _Recent(FOLDED_MAX)
 
 
 # A plan's layout, graph, pipeline chunks and per-stage memory (_layout_memory).
@@ -1019,7 +1036,6 @@ def _compute_floor(
             if not (split_attention and op.kind == "attention")
         )
 
-    per_block: dict[str, tuple[float, float]] = {}
     key = (graph, program_key(layout), id(compute))  # what a block's sharded ops and their times depend on
     recompute_all = layout.recompute == "full"
     limit = layout.plan.recompute_layers  # None: every layer of a chunk
@@ -1032,9 +1048,7 @@ def _compute_floor(
         for c, chunk in enumerate(stage):
             layers_before = 0
             for name, count in chunk.blocks:
-                if name not in per_block:
-                    per_block[name] = _block_floor(key, name, compute, seconds)
-                fwd, bwd = per_block[name]
+                fwd, bwd = _block_floor(graph, key, name, compute, seconds)
                 total += count * (fwd + bwd)
                 if c == 0:
                     first_forward += count * fwd
@@ -1049,26 +1063,26 @@ def _compute_floor(
 
 
 def _block_floor(
-    key: tuple[Any, ...], name: str, compute: ComputeModel, seconds: Callable[[tuple[Op, ...]], float]
+    graph: ModelGraph,
+    key: tuple[Any, ...],
+    name: str,
+    compute: ComputeModel,
+    seconds: Callable[[tuple[Op, ...]], float],
 ) -> tuple[float, float]:
     """A block's forward and backward compute floor (:func:`_compute_floor`), kept across candidates and calls: a
     search sizes every candidate, and a repeated call sizes them all again."""
     hit = _BLOCK_FLOORS.get((*key, name))
     if hit is not None:
-        _BLOCK_FLOORS.move_to_end((*key, name))
         return hit[1]
-    graph = key[0]
     block = graph.block(name)
     got = (seconds(block.forward), seconds(block.backward))
-    _BLOCK_FLOORS[(*key, name)] = (compute, got)  # the model held, so that its id in the key stays its own
-    if len(_BLOCK_FLOORS) > BLOCK_FLOORS_MAX:
-        _BLOCK_FLOORS.popitem(last=False)
+    _BLOCK_FLOORS.put((*key, name), (compute, got))  # the model held, so that its id in the key stays its own
     return got
 
 
-# Block floors across calls, least recently used out first; an entry is two floats (and the key).
+# Block floors across calls; an entry is two floats (and the key).
 BLOCK_FLOORS_MAX = 4096
-_BLOCK_FLOORS: OrderedDict[tuple[Any, ...], tuple[ComputeModel, tuple[float, float]]] = OrderedDict()
+_BLOCK_FLOORS: _Recent[tuple[ComputeModel, tuple[float, float]]] = _Recent(BLOCK_FLOORS_MAX)
 
 
 @dataclass(frozen=True, slots=True)

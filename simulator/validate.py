@@ -656,6 +656,7 @@ def validate_frame(
         raise SpecError(source, f"repeats run_id {shown}", "give every row its own run_id, or remove the copies")
     report = ValidationReport(source=source)
     clusters: dict[tuple[str, int | None], ClusterSpec] = {}
+    matches_columns = any(st.columns for st in stacks)  # whether any entry reads a row's layout cells
     for position, (_, row) in enumerate(frame.iterrows()):
         line = row_lines[position]
         where = f"{source}: line {line} ({_cell(row, 'run_id') or 'no run_id'})"
@@ -685,7 +686,7 @@ def validate_frame(
             entry.update(cluster=cluster.name, precision=plan.precision)
             row_source = str(_cell(row, "source") or "")
             row_name = str(_cell(row, "model") or "")
-            cells = {c: _int_or_none(row, c, where) for c in STACK_COLUMNS} if any(st.columns for st in stacks) else {}
+            cells = {c: _int_or_none(row, c, where) for c in STACK_COLUMNS} if matches_columns else {}
             matching = [st for st in stacks if st.applies(row_source, row_name, cells)]
             if matching:
                 stated = {k for k in STACK_KNOBS if _cell(row, k) is not None}

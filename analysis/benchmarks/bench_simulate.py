@@ -17,25 +17,14 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
+
+from _timing import timed  # this folder's, found beside the script
 
 from simulator import run
 from simulator.parallel.schedule import generate, in_flight
 from simulator.run import simulate
 from simulator.specs import PlanSpec, load_cluster, load_model
-
-
-def _time(fn, repeats: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    t0 = time.perf_counter()
-    fn()
-    cold = time.perf_counter() - t0
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return cold, statistics.median(samples)
 
 
 def main() -> None:
@@ -56,7 +45,7 @@ def main() -> None:
         grad_overlap=True,
         vp=1,
     )
-    cold, warm = _time(lambda: simulate(gpt3, a100, plan), args.repeats)
+    cold, warm, _ = timed(lambda: simulate(gpt3, a100, plan), args.repeats)
     r = simulate(gpt3, a100, plan)
     print(
         f"gpt3-175b 1024xA100 tp8 pp8 dp16 gb1536 mb1: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
@@ -66,7 +55,7 @@ def main() -> None:
     # A sweep's calls differ: a new global batch per call (what a tokens-per-step or batch-size sweep does). The
     # chunk programs depend on none of it (simulator.parallel.program.program_key) and are shared.
     batches = iter(range(1536, 1536 + 16 * 10_000, 16))
-    _, distinct = _time(lambda: simulate(gpt3, a100, plan.with_(global_batch=next(batches))), args.repeats)
+    _, distinct, _ = timed(lambda: simulate(gpt3, a100, plan.with_(global_batch=next(batches))), args.repeats)
     print(f"gpt3-175b same layout, a new global batch each call: median {distinct * 1e3:.1f} ms")
 
     llama = load_model("llama3-405b")
@@ -83,7 +72,7 @@ def main() -> None:
         vp=1,
         zero_stage=1,
     )
-    cold, warm = _time(lambda: simulate(llama, h100, plan), args.repeats)
+    cold, warm, _ = timed(lambda: simulate(llama, h100, plan), args.repeats)
     r = simulate(llama, h100, plan)
     print(
         f"llama3-405b 16384xH100 tp8 pp16 dp128 gb2048: median {warm * 1e3:.1f} ms (cold {cold * 1e3:.1f} ms), "
@@ -103,7 +92,7 @@ def main() -> None:
             grad_overlap=True,
             vp=1,
         )
-        _, warm = _time(lambda plan=plan: simulate(gpt3, a100, plan), args.repeats)
+        _, warm, _ = timed(lambda plan=plan: simulate(gpt3, a100, plan), args.repeats)
         times.append(warm)
         print(f"  gpt3-175b dp={dp:<5} ({64 * dp} GPUs, 96 micro-batches per replica): median {warm * 1e3:.1f} ms")
     spread = max(times) / min(times) - 1
@@ -124,7 +113,7 @@ def main() -> None:
     r = simulate(gpt3, a100, free)
     engine_runs = len(runs)
     run._finish = finish  # type: ignore[assignment]
-    cold, warm = _time(lambda: simulate(gpt3, a100, free), max(3, args.repeats // 5))
+    cold, warm, _ = timed(lambda: simulate(gpt3, a100, free), max(3, args.repeats // 5))
     print(
         f"gpt3-175b 1024xA100 free micro_batch/vp/recompute/grad_overlap: median {warm * 1e3:.0f} ms "
         f"({candidates} candidates, engine ran {engine_runs}); chose {r.chosen}"
@@ -145,7 +134,7 @@ def main() -> None:
     answers = sweep()
     first = time.perf_counter() - t0
     fitting = [t for t in answers if t is not None]
-    _, warm = _time(sweep, max(3, args.repeats // 5))
+    _, warm, _ = timed(sweep, max(3, args.repeats // 5))
     print(
         f"llama3-70b 256xH100 sweep of {len(layouts)} (tp, pp) layouts, other knobs free: first pass {first:.2f} s "
         f"({first / len(layouts) * 1e3:.0f} ms per layout), repeated median {warm:.2f} s; {len(fitting)} fit, "
@@ -159,7 +148,7 @@ def main() -> None:
         return [r.step_time_s if r.feasible else None for r in results]
 
     assert sweep_fitting_only() == answers
-    _, lean = _time(sweep_fitting_only, max(3, args.repeats // 5))
+    _, lean, _ = timed(sweep_fitting_only, max(3, args.repeats // 5))
     print(f"  the same sweep with time_oom=False (same answers for what fits): repeated median {lean:.2f} s")
 
     # Sizing a deep interleaved schedule: the live micro-batch mixes of every stage (what the memory peak is taken
@@ -168,7 +157,7 @@ def main() -> None:
         for order in generate("interleaved", 2, 16, 1250):
             in_flight(order, 1250)
 
-    _, warm = _time(deep, 3)
+    _, warm, _ = timed(deep, 3)
     print(f"interleaved sizing pp 2 x vp 1250, 16 micro-batches: median {warm:.2f} s  [was 9 s per stage]")
 
     # A what-if on depth: a 1,000-layer model with every knob but pp free, so that the search sizes every vp that
@@ -176,7 +165,7 @@ def main() -> None:
     # quadratic in vp (1.7 s per call, 37 s at 2,000 layers; 2026-11-25).
     deep_model = load_model("megatron-gpt-1.7b").with_(layers=1000, seq_len=128)
     deep_plan = PlanSpec(pp=2, dp=1, global_batch=64)
-    _, warm = _time(lambda: simulate(deep_model, load_cluster("dgx-h100"), deep_plan, raise_infeasible=False), 3)
+    _, warm, _ = timed(lambda: simulate(deep_model, load_cluster("dgx-h100"), deep_plan, raise_infeasible=False), 3)
     print(f"1,000-layer model, pp 2, free micro_batch/vp/recompute: median {warm:.2f} s  [was 1.7 s]")
 
 

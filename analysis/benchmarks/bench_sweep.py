@@ -19,27 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import time
-from collections.abc import Callable
-from typing import Any
+
+from _timing import timed  # this folder's, found beside the script
 
 from simulator.run import simulate
 from simulator.search.planner import autoplan
 from simulator.specs import load_cluster, load_model
 from simulator.sweep import grid, sweep
-
-
-def _time(fn: Callable[[], Any], repeats: int) -> tuple[float, float, Any]:
-    t0 = time.perf_counter()
-    value = fn()
-    cold = time.perf_counter() - t0
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return cold, statistics.median(samples), value
 
 
 def main() -> None:
@@ -70,7 +57,7 @@ def main() -> None:
     n = len(cases)
     for workers in sorted({1, args.workers}):
         for time_oom in (True, False):
-            cold, warm, frame = _time(lambda w=workers, t=time_oom: sweep(cases, workers=w, time_oom=t), args.repeats)
+            cold, warm, frame = timed(lambda w=workers, t=time_oom: sweep(cases, workers=w, time_oom=t), args.repeats)
             ok = int((frame["status"] == "ok").sum())
             print(
                 f"sweep of {n} fixed-knob cases, workers {workers}, time_oom {time_oom}: median {warm:.2f} s "
@@ -80,7 +67,7 @@ def main() -> None:
     for name, cluster, gpus, batch in (("llama3-70b", "dgx-h100", 256, 512), ("gpt3-175b", "dgx-a100-80g", 1024, 1536)):
         model, hw = load_model(name), load_cluster(cluster)
         for workers in sorted({1, args.workers}):
-            cold, warm, found = _time(
+            cold, warm, found = timed(
                 lambda m=model, c=hw, g=gpus, b=batch, w=workers: autoplan(m, c, g, b, top=5, workers=w),
                 max(1, args.repeats - 2),
             )

@@ -26,21 +26,20 @@ import numpy as np
 from simulator.cost.communication import CommModel
 from simulator.cost.compute import ComputeModel
 from simulator.cost.memory import StageMemory, stage_memory
-from simulator.engine.fold import FoldResult, TimedStep, fold
+from simulator.engine.fold import FoldResult, TimedStep, compute_end_floor, fold
 from simulator.engine.pipeline import PipelineInput, PipelineResult, StageInput, lower_bound, simulate_pipeline
 from simulator.errors import InfeasiblePlanError, SpecError
-from simulator.graph.ops import Op
 from simulator.graph.transformer import ModelGraph, build_graph
 from simulator.parallel.layout import Group, Layout, place, resolve_layout
 from simulator.parallel.program import (
     Comm,
     Program,
+    block_programs,
     build_programs,
     expert_load,
     param_all_gathers,
     program_key,
     reduces_in_backward,
-    shard_op,
     stage_params,
 )
 from simulator.parallel.schedule import generate, schedule_with_in_flight, stage_in_flight
@@ -454,9 +453,10 @@ class Ranked:
     ``result`` is the plan's answer exactly as ``simulate(model, cluster, plan, raise_infeasible=False,
     time_oom=False)`` gives it, or None where the ranking proved, without running the engine on it, that the plan
     cannot be among the fastest asked for. ``bound_s`` is a lower bound on the plan's step where a candidate fits
-    (the smallest of its candidates' compute floors, :func:`_compute_floor`: the busiest stage's op times without
-    the pipeline fill, the collectives or the optimizer; it depends on the plan alone, not on how far the ranking
-    timed it), NaN where none fits.
+    (the smallest of its candidates' compute floors, :func:`_compute_floor`: the busiest stage's compute and the
+    collectives its compute must wait for, after the first micro-batch's forward has reached it, without the
+    overlap slowdown, the data-parallel collectives, the drain or the optimizer; it depends on the plan alone, not
+    on how far the ranking timed it), NaN where none fits.
     """
 
     result: StepResult | None
@@ -482,7 +482,7 @@ def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, t
     >>> [(p.tp, r.result is not None and r.result.feasible) for p, r in zip(plans, ranked)]  # tp 1 does not fit
     [(1, False), (2, False), (4, True), (8, False)]
     >>> round(ranked[1].bound_s, 2), round(ranked[2].result.step_time_s, 2)  # tp 2 cannot beat tp 4: not timed
-    (3.54, 3.52)
+    (3.82, 3.52)
     """
     check_whole("rank: top", top, "ask for the fastest 1 or more")
     plans = list(plans)  # a generator is read once
@@ -1013,31 +1013,26 @@ class _Deferred:
 
 
 def _compute_floor(
-    graph: ModelGraph, layout: Layout, chunks: tuple[tuple[Chunk, ...], ...], compute: ComputeModel
+    graph: ModelGraph,
+    layout: Layout,
+    chunks: tuple[tuple[Chunk, ...], ...],
+    compute: ComputeModel,
+    comm: CommModel,
 ) -> float:
-    """A lower bound on the step, from the compute the programs must contain, without building them.
+    """A lower bound on the step, from each block's own programs, without building the chunks' programs.
 
-    Every op of a block's forward and backward is emitted into the chunk's programs unchanged (``program._build``:
-    sharded, then ``_emit_compute``; fully recomputed layers run their forward ops again), except the attention core
-    under context parallelism, which runs as pieces and is left out here; the programs only add to these (FP8 casts,
-    gradient accumulation, collectives). A program's compute runs on one stream at no less than its nominal time
-    (overlap only slows it), and a stage runs each task of every micro-batch one after another, not before the first
-    micro-batch's forward has crossed every earlier stage's first chunk (:func:`~simulator.engine.pipeline.lower_bound`,
-    whose fill and busy terms these bound from below). It leaves out the collectives, the drain and the optimizer, so it
-    is weaker than the engine's bound, but it costs a few op timings per block instead of building the programs."""
-    moe = graph.model.moe
-    experts, top_k = (moe.num_experts, moe.top_k) if moe is not None else (0, 1)
-    split_attention = layout.cp.size > 1
-
-    def seconds(ops: tuple[Op, ...]) -> float:
-        return sum(
-            compute.time(shard_op(op, layout, experts, top_k))
-            for op in ops
-            if not (split_attention and op.kind == "attention")
-        )
-
-    key = (graph, program_key(layout), id(compute))  # what a block's sharded ops and their times depend on
-    recompute_all = layout.recompute == "full"
+    A chunk's programs emit each block instance's steps as :func:`~simulator.parallel.program.block_programs` emits
+    the instance alone, plus what joins instances (ZeRO-3's gathers and scatters), and an instance's steps may also
+    wait for the instance before it; so a task's compute stream ends no earlier than the sum of its instances'
+    :func:`~simulator.engine.fold.compute_end_floor` (each instance starts once the one before has left the compute
+    stream). That counts the compute and the collectives compute must wait for (blocking TP, context-parallel and
+    expert all-to-all exchanges), not the overlap slowdown nor the data-parallel collectives. A stage runs each task
+    of every micro-batch one after another, not before the first micro-batch's forward has crossed every earlier
+    stage's first chunk (:func:`~simulator.engine.pipeline.lower_bound`, whose fill and busy terms these bound from
+    below). It leaves out the drain and the optimizer, so it is weaker than the engine's bound, but it costs a few
+    small programs per distinct block instead of every chunk's."""
+    key = (graph, program_key(layout), id(compute), id(comm))  # what a block's programs and their times depend on
+    recomputes = layout.recompute in ("full", "selective")
     limit = layout.plan.recompute_layers  # None: every layer of a chunk
     m = layout.num_micro_batches
     floor = 0.0
@@ -1048,14 +1043,14 @@ def _compute_floor(
         for c, chunk in enumerate(stage):
             layers_before = 0
             for name, count in chunk.blocks:
-                fwd, bwd = _block_floor(graph, key, name, compute, seconds)
+                fwd, again_s, bwd = _block_floor(graph, layout, key, name, compute, comm)
                 total += count * (fwd + bwd)
                 if c == 0:
                     first_forward += count * fwd
                 if name.startswith("layer."):
-                    if recompute_all:
+                    if recomputes:
                         again = count if limit is None else max(0, min(count, limit - layers_before))
-                        total += again * fwd
+                        total += again * again_s
                     layers_before += count
         floor = max(floor, fill + m * total)
         fill += first_forward
@@ -1064,25 +1059,31 @@ def _compute_floor(
 
 def _block_floor(
     graph: ModelGraph,
+    layout: Layout,
     key: tuple[Any, ...],
     name: str,
     compute: ComputeModel,
-    seconds: Callable[[tuple[Op, ...]], float],
-) -> tuple[float, float]:
-    """A block's forward and backward compute floor (:func:`_compute_floor`), kept across candidates and calls: a
-    search sizes every candidate, and a repeated call sizes them all again."""
+    comm: CommModel,
+) -> tuple[float, float, float]:
+    """A block instance's forward, recomputation and backward (with its weight gradients) compute floors
+    (:func:`_compute_floor`), kept across candidates and calls: a search sizes every candidate, and a repeated call
+    sizes them all again."""
     hit = _BLOCK_FLOORS.get((*key, name))
     if hit is not None:
-        return hit[1]
-    block = graph.block(name)
-    got = (seconds(block.forward), seconds(block.backward))
-    _BLOCK_FLOORS.put((*key, name), (compute, got))  # the model held, so that its id in the key stays its own
+        return hit[2]
+    fwd, rec, bwd, wgt = block_programs(graph, layout, name)
+    got = (
+        compute_end_floor(_timed(fwd, compute, comm)),
+        compute_end_floor(_timed(rec, compute, comm)),
+        compute_end_floor(_timed(bwd, compute, comm)) + compute_end_floor(_timed(wgt, compute, comm)),
+    )
+    _BLOCK_FLOORS.put((*key, name), (compute, comm, got))  # the models held, so that their ids in the key stay theirs
     return got
 
 
-# Block floors across calls; an entry is two floats (and the key).
+# Block floors across calls; an entry is three floats (and the key).
 BLOCK_FLOORS_MAX = 4096
-_BLOCK_FLOORS: _Recent[tuple[ComputeModel, tuple[float, float]]] = _Recent(BLOCK_FLOORS_MAX)
+_BLOCK_FLOORS: _Recent[tuple[ComputeModel, CommModel, tuple[float, float, float]]] = _Recent(BLOCK_FLOORS_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1133,7 +1134,7 @@ def _prepare(
             return _infeasible_result(model, cluster, _as_run(plan, layout, model), memory, reason, chosen)
     compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
     if defer and not over:
-        return _Deferred(plan, chosen, sized, fold_memo, _compute_floor(graph, layout, chunks, compute))
+        return _Deferred(plan, chosen, sized, fold_memo, _compute_floor(graph, layout, chunks, compute, comm))
     # The models are shared across calls; their uncalibrated sets must describe this run only.
     compute.uncalibrated.clear()
     comm.uncalibrated.clear()

@@ -21,9 +21,9 @@ starts after the collectives it could overlap have finished runs at full speed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["FoldResult", "TimedStep", "fold", "overlap_extra"]
+__all__ = ["FoldResult", "TimedStep", "compute_end_floor", "fold", "overlap_extra"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,3 +191,22 @@ def fold(
         timeline=tuple(rows),
         output_s=ready if ready < total else None,
     )
+
+
+def compute_end_floor(steps: Sequence[TimedStep]) -> float:
+    """A lower bound on when the last compute step of ``steps`` ends, however the program runs.
+
+    The program folded with every collective on a stream of its own, without the overlap slowdown and without a
+    host: what remains are the waits and the compute stream's order, the longest chain through them. A fold is a
+    max-plus evaluation, monotone in its durations and constraints, so sharing streams, slowing overlapped compute
+    or waiting for a host only moves steps later; so does running the steps after others on the same streams, or
+    with more waits (each start is at least its relaxed start shifted by when the compute stream became free).
+
+    >>> s = [TimedStep("a", "compute", 1.0, (), "compute"), TimedStep("c", "comm", 0.5, (0,), "tp"),
+    ...      TimedStep("d", "comm", 0.25, (0,), "tp"), TimedStep("b", "compute", 1.0, (1, 2), "compute")]
+    >>> fold(s).duration_s, compute_end_floor(s)
+    (2.75, 2.5)
+    """
+    relaxed = [st if st.kind == "compute" else replace(st, stream=f"{st.stream}#{i}") for i, st in enumerate(steps)]
+    rows = fold(relaxed, timeline=True).timeline
+    return max((end for _, _, kind, _, end in rows if kind == "compute"), default=0.0)

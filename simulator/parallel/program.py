@@ -49,6 +49,7 @@ __all__ = [
     "Program",
     "Step",
     "attention_output_copy_bytes",
+    "block_programs",
     "build_programs",
     "chunk_params",
     "expert_load",
@@ -479,22 +480,10 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
     # because of gradient partitioning", DeepSpeed maintainers, deepspeedai/DeepSpeed#2252; PyTorch FSDP's
     # SHARD_GRAD_OP likewise reduce-scatters in every backward outside no_sync).
     scatters = reduces_in_backward(layout.plan) and shards
-    moe = graph.model.moe
-    experts = moe.num_experts if moe is not None else 0
-    top_k = moe.top_k if moe is not None else 1
-
-    def sharded(ops: tuple[Op, ...]) -> list[Op]:
-        return [shard_op(op, layout, experts, top_k) for op in ops]
-
     # Every block instance of the chunk in forward order, each with its sharded forward and backward ops.
     instances: list[tuple[str, list[Op], list[Op]]] = []
     for name, count in blocks:
-        block = graph.block(name)
-        f_ops, b_ops = sharded(block.forward), sharded(block.backward)
-        copy = tied_copy_params(graph, layout, name)
-        if copy:  # the output layer's own weights: gathered, scattered and accumulated like any other
-            f_ops = [op.with_(params=round(copy)) if op.name == "head.logits" else op for op in f_ops]
-        instances += [(name, f_ops, b_ops)] * count
+        instances += [(name, *_instance_ops(graph, layout, name))] * count
     # Forward; under ZeRO-3 each instance's parameters are gathered one instance ahead (prefetch).
     for j, (name, f_ops, _) in enumerate(instances):
         if zero3:
@@ -511,8 +500,7 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
         if len(instances) - 1 - j in recomputed:
             _emit_recompute(bwd, name, f_ops, layout, graph)
         _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
-        for accumulate in _grad_accumulate(f_ops, layout, name):
-            (wgt if split_w else bwd).compute(accumulate)
+        _emit_accumulate(wgt if split_w else bwd, f_ops, layout, name)
         if scatters:
             # Overlapped (FSDP, DeepSpeed's overlap_comm): on the data-parallel stream, nothing waits. Without
             # overlap (DeepSpeed ZeRO-2's default overlap_comm false) the reduction runs in the backward hook and the
@@ -520,6 +508,43 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
             for comm in _grad_scatters(f_ops, layout, name):
                 (wgt if split_w else bwd).comm(comm, stream="dp", join=0 if layout.grad_overlap else 1)
     return fwd.finish(), bwd.finish(), wgt.finish()
+
+
+def _instance_ops(graph: ModelGraph, layout: Layout, name: str) -> tuple[list[Op], list[Op]]:
+    """The sharded forward and backward ops of one instance of block ``name``."""
+    moe = graph.model.moe
+    experts = moe.num_experts if moe is not None else 0
+    top_k = moe.top_k if moe is not None else 1
+    block = graph.block(name)
+    f_ops = [shard_op(op, layout, experts, top_k) for op in block.forward]
+    b_ops = [shard_op(op, layout, experts, top_k) for op in block.backward]
+    copy = tied_copy_params(graph, layout, name)
+    if copy:  # the output layer's own weights: gathered, scattered and accumulated like any other
+        f_ops = [op.with_(params=round(copy)) if op.name == "head.logits" else op for op in f_ops]
+    return f_ops, b_ops
+
+
+def _emit_accumulate(b: _Builder, f_ops: list[Op], layout: Layout, name: str) -> None:
+    """A block instance's separate gradient-accumulation kernels, after its backward."""
+    for accumulate in _grad_accumulate(f_ops, layout, name):
+        b.compute(accumulate)
+
+
+def block_programs(graph: ModelGraph, layout: Layout, name: str) -> tuple[Program, Program, Program, Program]:
+    """One instance of block ``name`` on its own: its forward, recomputation (empty unless the plan recomputes),
+    backward and weight-gradient (empty unless ``zb_h1`` splits it off) programs, emitted as :func:`build_programs`
+    emits each instance of a chunk, without what joins instances (ZeRO-3's parameter gathers and gradient
+    scatters). Within a chunk an instance's steps are the same, and some may also wait for steps of the instance
+    before it; the free-knob search bounds a chunk's compute from these (``run._block_floor``)."""
+    f_ops, b_ops = _instance_ops(graph, layout, name)
+    fwd, rec, bwd, wgt = _Builder(), _Builder(), _Builder(), _Builder()
+    split_w = layout.schedule == "zb_h1"
+    _emit_forward(fwd, name, f_ops, layout, graph)
+    if name.startswith("layer."):  # _build recomputes decoder layers only
+        _emit_recompute(rec, name, f_ops, layout, graph)
+    _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
+    _emit_accumulate(wgt if split_w else bwd, f_ops, layout, name)
+    return fwd.finish(), rec.finish(), bwd.finish(), wgt.finish()
 
 
 def _sharding_groups(dense: float, expert: float, layout: Layout) -> list[tuple[str, Group, float]]:

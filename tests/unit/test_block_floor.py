@@ -1,0 +1,111 @@
+"""The pieces of the free-knob search's floor: a relaxed fold of one block instance's programs, and the graph hash
+the search's caches key on.
+
+``compute_end_floor`` must never exceed when the real fold ends its last compute step, whatever the streams, the
+overlap slowdown and the host; a block's instance programs must be what a chunk emits for each instance, so that
+the sum over a chunk's instances stays below the chunk's own fold.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.engine.fold import TimedStep, compute_end_floor, fold
+from simulator.graph.transformer import build_graph
+from simulator.parallel.layout import resolve_layout
+from simulator.parallel.program import block_programs, build_programs
+from simulator.run import _models, _timed
+from simulator.specs import PlanSpec, load_cluster, load_model
+from simulator.specs.model import ModelSpec
+
+
+@st.composite
+def _programs(draw: st.DrawFn) -> list[TimedStep]:
+    n = draw(st.integers(1, 14))
+    steps: list[TimedStep] = []
+    for i in range(n):
+        compute = draw(st.booleans())
+        waits = tuple(sorted(draw(st.sets(st.integers(0, i - 1), max_size=3)))) if i else ()
+        duration = draw(st.floats(0.0, 5.0, allow_nan=False))
+        if compute:
+            steps.append(TimedStep(f"c{i}", "compute", duration, waits, "compute", draw(st.booleans())))
+        else:
+            stream = draw(st.sampled_from(["comm", "dp", "tp"]))
+            steps.append(TimedStep(f"x{i}", stream, duration, waits, draw(st.sampled_from(["tp", "dp", "cp"]))))
+    return steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=_programs(), slowdown=st.sampled_from([0.0, 0.189, 1.0]), host=st.sampled_from([0.0, 0.3]))
+def test_the_relaxed_fold_never_ends_compute_later_than_the_fold(
+    steps: list[TimedStep], slowdown: float, host: float
+) -> None:
+    rows = fold(steps, slowdown, host_overhead_s=host, timeline=True).timeline
+    last_compute = max((end for _, _, kind, _, end in rows if kind == "compute"), default=0.0)
+    assert compute_end_floor(steps) <= last_compute + 1e-12
+
+
+def test_a_blocking_collective_counts_and_an_overlapped_one_does_not() -> None:
+    blocking = [
+        TimedStep("a", "compute", 1.0, (), "compute"),
+        TimedStep("ag", "tp", 0.5, (0,), "tp"),
+        TimedStep("b", "compute", 1.0, (1,), "compute"),
+    ]
+    overlapped = [
+        TimedStep("a", "compute", 1.0, (), "compute"),
+        TimedStep("ag", "tp", 0.5, (0,), "tp"),
+        TimedStep("b", "compute", 1.0, (), "compute"),
+        TimedStep("c", "compute", 1.0, (1,), "compute"),
+    ]
+    assert compute_end_floor(blocking) == 2.5
+    assert compute_end_floor(overlapped) == 3.0
+
+
+def _chunk_compute_end(program: tuple[TimedStep, ...]) -> float:
+    rows = fold(program, 0.0, timeline=True).timeline
+    return max((end for _, _, kind, _, end in rows if kind == "compute"), default=0.0)
+
+
+def test_a_chunks_instances_bound_its_own_fold() -> None:
+    """Layer instances of a chunk with blocking TP (sequence parallel), FP8 casts and full recomputation: the sum of
+    the instance floors stays below the chunk's folded compute, and is more than its compute alone."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    plan = PlanSpec(
+        tp=4,
+        pp=2,
+        dp=1,
+        global_batch=8,
+        micro_batch=1,
+        vp=1,
+        recompute="full",
+        precision="fp8",
+        sequence_parallel=True,
+        grad_overlap=True,
+    )
+    layout = resolve_layout(model, cluster, plan)
+    graph = build_graph(model, layout.seq_len, layout.micro_batch)
+    compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
+    blocks = (("layer.dense", 3),)
+    fwd, bwd, _ = (_timed(p, compute, comm) for p in build_programs(graph, layout, blocks))
+    f1, r1, b1, w1 = (_timed(p, compute, comm) for p in block_programs(graph, layout, "layer.dense"))
+    assert not w1  # 1F1B: the weight gradients stay in the backward
+    instance_fwd = compute_end_floor(f1)
+    instance_bwd = compute_end_floor(r1) + compute_end_floor(b1)
+    assert 3 * instance_fwd <= _chunk_compute_end(tuple(fwd)) * (1 + 1e-12)
+    assert 3 * instance_bwd <= _chunk_compute_end(tuple(bwd)) * (1 + 1e-12)
+    compute_only = sum(s.duration_s for s in f1 if s.kind == "compute")
+    assert instance_fwd > compute_only  # the blocking all-gathers and reduce-scatters count
+
+
+def test_equal_graphs_hash_equal_and_the_hash_tells_layer_kinds_apart(tiny_model: ModelSpec) -> None:
+    graph = build_graph(tiny_model, 128, 2)
+    build_graph.cache_clear()
+    again = build_graph(tiny_model, 128, 2)
+    assert again is not graph
+    assert again == graph
+    assert hash(again) == hash(graph)
+    bf16 = build_graph(tiny_model, 128, 2, bf16_layers=(1, 0))
+    assert bf16 != graph
+    assert hash(bf16) != hash(graph)
+    assert {graph: 1}[again] == 1

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -463,7 +463,23 @@ class Ranked:
     bound_s: float
 
 
-def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, top: int = 1) -> list[Ranked]:
+class Peers(Protocol):
+    """Other rankings of the same job running at the same time (the planner's worker processes, each ranking a share
+    of the layouts): what they found lets a ranking prune against the fastest layouts of all shares."""
+
+    def cutoff(self) -> float:
+        """The ``top``-th fastest step among the layouts the other rankings have timed so far (inf until they have
+        ``top``): each is a step some layout of theirs reaches, so no layout bounded above it can enter the top."""
+        ...
+
+    def publish(self, fastest: Sequence[float]) -> None:
+        """This ranking's fastest steps so far, at most ``top``, one per layout."""
+        ...
+
+
+def rank(
+    model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, top: int = 1, peers: Peers | None = None
+) -> list[Ranked]:
     """Rank ``plans`` of one model on one cluster, running the engine only where it can change the ``top`` fastest.
 
     Each plan's free knobs are searched as :func:`simulate` searches them, but the candidates of all the plans
@@ -472,7 +488,9 @@ def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, t
     whose compute floor already exceeds it is not even prepared (:class:`_Queue`). Every plan among
     the ``top`` fastest, and every other plan whose search finished, has the result :func:`simulate` gives it
     (with ``raise_infeasible=False, time_oom=False``: a plan that does not fit is answered from memory alone); the
-    rest have None and their bound. One entry per plan, in the plans' order.
+    rest have None and their bound. One entry per plan, in the plans' order. With ``peers`` (rankings of other
+    layouts of the same job) a plan is also ruled out by the ``top`` fastest they found: the plans among the ``top``
+    fastest of all have their results as without peers, which others are timed to the end depends on the peers.
 
     Examples
     --------
@@ -491,10 +509,12 @@ def rank(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[PlanSpec], *, t
     for i, plan in enumerate(plans):
         check_spec(f"rank: plans[{i}]", plan)
     with _CALL_LOCK, _gc_paused():
-        return _rank(model, cluster, list(plans), top)
+        return _rank(model, cluster, list(plans), top, peers)
 
 
-def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: int) -> list[Ranked]:
+def _rank(
+    model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: int, peers: Peers | None = None
+) -> list[Ranked]:
     answers: list[StepResult | None] = [None] * len(plans)
     bounds = [math.nan] * len(plans)
     models: list[ModelSpec] = [model] * len(plans)
@@ -526,20 +546,28 @@ def _rank(model: ModelSpec, cluster: ClusterSpec, plans: list[PlanSpec], top: in
     cutoff = math.inf  # the top-th fastest plan so far: no candidate bounded above it can enter the top
     unrun: dict[int, float] = {}  # per plan, the smallest bound (or floor) among its candidates the engine skipped
 
+    outside = math.inf  # the peers' cutoff, read once per candidate the queue hands out
+
     def limit(pi: int) -> float:
-        return min(fastest.get(pi, math.inf), cutoff) * (1.0 + BOUND_SLACK)
+        return min(fastest.get(pi, math.inf), cutoff, outside) * (1.0 + BOUND_SLACK)
 
     def skipped(pi: int, bound: float) -> None:
         unrun[pi] = min(unrun.get(pi, math.inf), bound)
 
     queue = _Queue(pool, cluster, models)
-    while (item := queue.pop(limit, skipped)) is not None:
+    while True:
+        if peers is not None:
+            outside = peers.cutoff()
+        if (item := queue.pop(limit, skipped)) is None:
+            break
         _, pi, ci, ready = item
         result = _finish(models[pi], cluster, ready)
         finished.setdefault(pi, []).append((ci, result))
         fastest[pi] = min(fastest.get(pi, math.inf), result.step_time_s)
         if len(fastest) >= top:
             cutoff = sorted(fastest.values())[top - 1]
+        if peers is not None:
+            peers.publish(sorted(fastest.values())[:top])
     for pi, timed in finished.items():
         # Exact where no skipped candidate could have beaten its fastest (simulate's own rule for stopping).
         if unrun.get(pi, math.inf) > fastest[pi] * (1.0 + BOUND_SLACK):

@@ -117,8 +117,8 @@ def autoplan(
     ``tp``, ``pp``, ``cp``, ``ep``, ``zero_stage`` and ``max_tp`` narrow the search
     (:func:`simulator.search.layouts.layouts`); other plan keys in ``fixed`` (``seq_len``, ``precision``,
     ``attention``, ``micro_batch``...) hold for every layout, and the free knobs left out are chosen per layout.
-    ``workers`` local processes share the layouts; the answer is the same with any number of them (only the ``top``
-    keep their results).
+    ``workers`` local processes share the layouts and the fastest steps each has found, to prune against; the answer
+    is the same with any number of them (only the ``top`` keep their results).
 
     Raises
     ------
@@ -168,25 +168,56 @@ def autoplan(
 
 
 def _ranked(model: ModelSpec, cluster: ClusterSpec, found: list[PlanSpec], top: int, workers: int) -> list[Ranked]:
-    """:func:`rank` over the layouts, on ``workers`` processes. Each ranks every workers-th layout with its own pruning;
-    the ``top`` fastest of all are among the ``top`` fastest of the shares that hold them, and every result a share
-    returns is exact, so merging the shares gives the ranking of one process, with a few more layouts timed."""
+    """:func:`rank` over the layouts, on ``workers`` processes. Each ranks every workers-th layout, pruning against the
+    ``top`` fastest steps of all shares so far (:class:`_Board`, each a step some layout reaches, so the ``top``
+    fastest of all are never pruned); every result a share returns is exact, so merging the shares gives the
+    ranking of one process, with perhaps a few more layouts timed."""
     if workers == 1:
         return rank(model, cluster, found, top=top)
     from simulator.sweep import process_context
 
+    context = process_context()
+    board = context.Array("d", [math.inf] * (workers * top))  # each share's fastest steps so far (_Board)
     shares = [found[w::workers] for w in range(workers)]
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=process_context()) as pool:
-        parts = list(pool.map(_rank_share, [(model, cluster, share, top) for share in shares]))
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_share_board, initargs=(board,)
+    ) as pool:
+        parts = list(pool.map(_rank_share, [(model, cluster, share, top, w) for w, share in enumerate(shares)]))
     merged: list[Ranked] = [Ranked(None, math.nan)] * len(found)
     for w, part in enumerate(parts):
         merged[w::workers] = part
     return merged
 
 
-def _rank_share(job: tuple[ModelSpec, ClusterSpec, list[PlanSpec], int]) -> list[Ranked]:
-    model, cluster, share, top = job
-    return rank(model, cluster, share, top=top)
+class _Board:
+    """The shares' fastest steps so far, one row of ``top`` per share in shared memory (:class:`simulator.run.Peers`):
+    a share prunes against the ``top``-th fastest of all rows, its own included, so the workers rank as one process
+    would prune instead of each timing a ``top`` of its own."""
+
+    def __init__(self, board: Any, top: int, row: int) -> None:
+        self._board, self._top, self._row = board, top, row
+
+    def cutoff(self) -> float:
+        with self._board.get_lock():
+            steps = sorted(self._board[:])
+        return float(steps[self._top - 1])
+
+    def publish(self, fastest: Sequence[float]) -> None:
+        row = [*fastest[: self._top], *[math.inf] * (self._top - len(fastest))]
+        with self._board.get_lock():
+            self._board[self._row * self._top : (self._row + 1) * self._top] = row
+
+
+_WORKER: dict[str, Any] = {}  # in a worker process: the pool's shared board (_share_board)
+
+
+def _share_board(board: Any) -> None:
+    _WORKER["board"] = board
+
+
+def _rank_share(job: tuple[ModelSpec, ClusterSpec, list[PlanSpec], int, int]) -> list[Ranked]:
+    model, cluster, share, top, row = job
+    return rank(model, cluster, share, top=top, peers=_Board(_WORKER["board"], top, row))
 
 
 def _finite(value: float) -> float | None:

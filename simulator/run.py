@@ -37,8 +37,10 @@ from simulator.parallel.program import (
     block_programs,
     build_programs,
     expert_load,
+    instance_key,
     param_all_gathers,
     program_key,
+    recompute_program,
     reduces_in_backward,
     stage_params,
 )
@@ -1059,10 +1061,18 @@ def _compute_floor(
     stage's first chunk (:func:`~simulator.engine.pipeline.lower_bound`, whose fill and busy terms these bound from
     below). It leaves out the drain and the optimizer, so it is weaker than the engine's bound, but it costs a few
     small programs per distinct block instead of every chunk's."""
-    key = (graph, program_key(layout), id(compute), id(comm))  # what a block's programs and their times depend on
+    key = (graph, instance_key(layout), id(compute), id(comm))  # what a block's programs and their times depend on
     recomputes = layout.recompute in ("full", "selective")
     limit = layout.plan.recompute_layers  # None: every layer of a chunk
     m = layout.num_micro_batches
+    seen: dict[tuple[str, str | None], tuple[float, ...]] = {}  # this plan's blocks: each looked up once
+
+    def floors(name: str, recompute: str | None = None) -> tuple[float, ...]:
+        got = seen.get((name, recompute))
+        if got is None:
+            got = seen[name, recompute] = _block_floor(graph, layout, key, name, compute, comm, recompute)
+        return got
+
     floor = 0.0
     fill = 0.0  # the first micro-batch's forward through the first chunk of every earlier stage
     for stage in chunks:
@@ -1071,14 +1081,15 @@ def _compute_floor(
         for c, chunk in enumerate(stage):
             layers_before = 0
             for name, count in chunk.blocks:
-                fwd, again_s, bwd = _block_floor(graph, layout, key, name, compute, comm)
+                fwd, bwd = floors(name)
                 total += count * (fwd + bwd)
                 if c == 0:
                     first_forward += count * fwd
                 if name.startswith("layer."):
                     if recomputes:
                         again = count if limit is None else max(0, min(count, limit - layers_before))
-                        total += again * again_s
+                        if again:
+                            total += again * floors(name, layout.recompute)[0]
                     layers_before += count
         floor = max(floor, fill + m * total)
         fill += first_forward
@@ -1092,26 +1103,31 @@ def _block_floor(
     name: str,
     compute: ComputeModel,
     comm: CommModel,
-) -> tuple[float, float, float]:
-    """A block instance's forward, recomputation and backward (with its weight gradients) compute floors
-    (:func:`_compute_floor`), kept across candidates and calls: a search sizes every candidate, and a repeated call
-    sizes them all again."""
-    hit = _BLOCK_FLOORS.get((*key, name))
+    recompute: str | None = None,
+) -> tuple[float, ...]:
+    """A block instance's forward and backward (with its weight gradients) compute floors (:func:`_compute_floor`);
+    with ``recompute``, its recomputation's alone. Kept across candidates and calls (a search sizes every candidate,
+    and a repeated call sizes them all again), under the layout's :func:`~simulator.parallel.program.instance_key`:
+    candidates that differ only in their recomputation share the first."""
+    hit = _BLOCK_FLOORS.get((*key, name, recompute))
     if hit is not None:
         return hit[2]
-    fwd, rec, bwd, wgt = block_programs(graph, layout, name)
-    got = (
-        compute_end_floor(_timed(fwd, compute, comm)),
-        compute_end_floor(_timed(rec, compute, comm)),
-        compute_end_floor(_timed(bwd, compute, comm)) + compute_end_floor(_timed(wgt, compute, comm)),
-    )
-    _BLOCK_FLOORS.put((*key, name), (compute, comm, got))  # the models held, so that their ids in the key stay theirs
+    if recompute is None:
+        fwd, bwd, wgt = block_programs(graph, layout, name)
+        got: tuple[float, ...] = (
+            compute_end_floor(_timed(fwd, compute, comm)),
+            compute_end_floor(_timed(bwd, compute, comm)) + compute_end_floor(_timed(wgt, compute, comm)),
+        )
+    else:
+        got = (compute_end_floor(_timed(recompute_program(graph, layout, name), compute, comm)),)
+    # The models held, so that their ids in the key stay theirs.
+    _BLOCK_FLOORS.put((*key, name, recompute), (compute, comm, got))
     return got
 
 
-# Block floors across calls; an entry is three floats (and the key).
+# Block floors across calls; an entry is one or two floats (and the key).
 BLOCK_FLOORS_MAX = 4096
-_BLOCK_FLOORS: _Recent[tuple[ComputeModel, CommModel, tuple[float, float, float]]] = _Recent(BLOCK_FLOORS_MAX)
+_BLOCK_FLOORS: _Recent[tuple[ComputeModel, CommModel, tuple[float, ...]]] = _Recent(BLOCK_FLOORS_MAX)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,9 @@ from simulator.graph.transformer import ModelGraph
 from simulator.parallel.layout import Layout
 from simulator.parallel.program import (
     attention_output_copy_bytes,
+    block_params,
     build_programs,
     fp8_gemm,
-    is_expert_gemm,
     local_act_bytes,
     local_params,
     separately_accumulated,
@@ -270,13 +270,10 @@ def stage_memory(
         # Only what is sharded is gathered or scattered: dense parameters over dp, the routed experts' over edp (with
         # ep = dp·cp every rank keeps its experts whole).
         largest = 0.0
-        for chunk in chunks:
-            for name, _ in chunk.blocks:
-                gathered = tied_copy_params(graph, layout, name) if dp > 1 else 0.0
-                for op in graph.block(name).forward:
-                    if edp > 1 if is_expert_gemm(op) else dp > 1:
-                        gathered += local_params(op, layout)
-                largest = max(largest, gathered)
+        for name in {name for chunk in chunks for name, _ in chunk.blocks}:
+            block_dense, block_expert, _, _ = block_params(graph, layout, name)
+            gathered = tied_copy_params(graph, layout, name) + block_dense if dp > 1 else 0.0
+            largest = max(largest, gathered + (block_expert if edp > 1 else 0.0))
         # A block's whole fresh gradient exists until its reduce-scatter has run (PyTorch FSDP and Megatron-FSDP
         # reduce-scatter a whole unsharded gradient; DeepSpeed ZeRO-2 its reduce buckets): one block's, a floor,
         # as the scatter runs while the next block's backward produces more.

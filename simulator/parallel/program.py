@@ -49,15 +49,18 @@ __all__ = [
     "Program",
     "Step",
     "attention_output_copy_bytes",
+    "block_params",
     "block_programs",
     "build_programs",
     "chunk_params",
     "expert_load",
     "fp8_gemm",
+    "instance_key",
     "is_expert_gemm",
     "local_act_bytes",
     "local_params",
     "param_all_gathers",
+    "recompute_program",
     "separately_accumulated",
     "shard_op",
     "stage_params",
@@ -255,7 +258,7 @@ def chunk_params(graph: ModelGraph, layout: Layout, chunk: Chunk) -> tuple[float
     """
     dense = expert = 0.0
     for name, count in chunk.blocks:
-        block_dense, block_expert, _, _ = _block_params(graph, layout, name)
+        block_dense, block_expert, _, _ = block_params(graph, layout, name)
         dense += (block_dense + tied_copy_params(graph, layout, name)) * count
         expert += block_expert * count
     return dense, expert
@@ -284,7 +287,7 @@ def stage_params(graph: ModelGraph, layout: Layout, chunks: tuple[Chunk, ...]) -
         expert += e
         if in_fp8:
             for name, count in chunk.blocks:
-                _, _, block_dense, block_expert = _block_params(graph, layout, name)
+                _, _, block_dense, block_expert = block_params(graph, layout, name)
                 fp8_dense += block_dense * count
                 fp8_expert += block_expert * count
     return dense, expert, fp8_dense, fp8_expert
@@ -298,7 +301,9 @@ _BLOCK_PARAMS: dict[tuple[object, ...], tuple[int, int, int, int]] = {}
 _BLOCK_PARAMS_MAX = 4096
 
 
-def _block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, int, int, int]:
+def block_params(graph: ModelGraph, layout: Layout, name: str) -> tuple[int, int, int, int]:
+    """(dense, expert, FP8 dense, FP8 expert) parameters one rank holds of one instance of block ``name`` (the sums
+    of :func:`local_params` over its forward ops; the output layer's tied copy is :func:`tied_copy_params`)."""
     key = (
         graph.model,
         name,
@@ -426,6 +431,19 @@ def program_key(layout: Layout) -> tuple[object, ...]:
     data-parallel degree and gradient overlap outside ZeRO-2/3, the overlap's alignment, the straggler factor) share
     them: a sweep over those rebuilt every program (1.4x slower per call). ``tests/unit/test_api_defects.py`` builds
     programs for layouts with equal keys and checks they are equal."""
+    scatters = reduces_in_backward(layout.plan)
+    return (
+        *instance_key(layout),
+        layout.recompute,
+        layout.plan.recompute_layers,
+        layout.grad_overlap if scatters else None,  # whether ZeRO-2/3's per-layer reduce-scatters block the backward
+    )
+
+
+def instance_key(layout: Layout) -> tuple[object, ...]:
+    """What one block instance's forward and backward programs (:func:`block_programs`) depend on: the chunk's
+    :func:`program_key` without the recomputation, which adds a program of its own, and without the overlap of
+    ZeRO-2/3's reduce-scatters, which join instances. Candidates that differ only in those share these programs."""
     plan = layout.plan
     scatters = reduces_in_backward(plan)  # the gradient reduce-scatters in the backward run over dp and edp
     return (
@@ -438,7 +456,6 @@ def program_key(layout: Layout) -> tuple[object, ...]:
         layout.etp,
         layout.sequence_parallel,
         layout.tp_overlap,
-        layout.recompute,
         layout.expert_load,
         layout.seq_len,
         layout.micro_batch,
@@ -447,11 +464,9 @@ def program_key(layout: Layout) -> tuple[object, ...]:
         plan.grad_bytes,
         plan.zero_stage,
         plan.cp_comm,
-        plan.recompute_layers,
         plan.grad_accum_upcast_copy,
         plan.grad_accum_fusion,
         plan.fp8_weights,
-        layout.grad_overlap if scatters else None,  # whether ZeRO-2/3's per-layer reduce-scatters block the backward
     )
 
 
@@ -530,21 +545,30 @@ def _emit_accumulate(b: _Builder, f_ops: list[Op], layout: Layout, name: str) ->
         b.compute(accumulate)
 
 
-def block_programs(graph: ModelGraph, layout: Layout, name: str) -> tuple[Program, Program, Program, Program]:
-    """One instance of block ``name`` on its own: its forward, recomputation (empty unless the plan recomputes),
-    backward and weight-gradient (empty unless ``zb_h1`` splits it off) programs, emitted as :func:`build_programs`
-    emits each instance of a chunk, without what joins instances (ZeRO-3's parameter gathers and gradient
-    scatters). Within a chunk an instance's steps are the same, and some may also wait for steps of the instance
-    before it; the free-knob search bounds a chunk's compute from these (``run._block_floor``)."""
+def block_programs(graph: ModelGraph, layout: Layout, name: str) -> tuple[Program, Program, Program]:
+    """One instance of block ``name`` on its own: its forward, backward and weight-gradient (empty unless ``zb_h1``
+    splits it off) programs, emitted as :func:`build_programs` emits each instance of a chunk, without what joins
+    instances (ZeRO-3's parameter gathers and gradient scatters); :func:`recompute_program` is its recomputation.
+    Within a chunk an instance's steps are the same, and some may also wait for steps of the instance before it;
+    the free-knob search bounds a chunk's compute from these (``run._block_floor``). They depend on
+    :func:`instance_key` of the layout."""
     f_ops, b_ops = _instance_ops(graph, layout, name)
-    fwd, rec, bwd, wgt = _Builder(), _Builder(), _Builder(), _Builder()
+    fwd, bwd, wgt = _Builder(), _Builder(), _Builder()
     split_w = layout.schedule == "zb_h1"
     _emit_forward(fwd, name, f_ops, layout, graph)
-    if name.startswith("layer."):  # _build recomputes decoder layers only
-        _emit_recompute(rec, name, f_ops, layout, graph)
     _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
     _emit_accumulate(wgt if split_w else bwd, f_ops, layout, name)
-    return fwd.finish(), rec.finish(), bwd.finish(), wgt.finish()
+    return fwd.finish(), bwd.finish(), wgt.finish()
+
+
+def recompute_program(graph: ModelGraph, layout: Layout, name: str) -> Program:
+    """What a block instance runs again before its backward under the layout's recomputation (empty without, and
+    for blocks other than decoder layers, which :func:`build_programs` never recomputes), on its own as
+    :func:`block_programs`. It depends on :func:`instance_key` and the recomputation."""
+    rec = _Builder()
+    if name.startswith("layer."):
+        _emit_recompute(rec, name, _instance_ops(graph, layout, name)[0], layout, graph)
+    return rec.finish()
 
 
 def _sharding_groups(dense: float, expert: float, layout: Layout) -> list[tuple[str, Group, float]]:

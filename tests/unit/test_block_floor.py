@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from simulator.engine.fold import TimedStep, compute_end_floor, fold
 from simulator.graph.transformer import build_graph
 from simulator.parallel.layout import resolve_layout
-from simulator.parallel.program import block_programs, build_programs
+from simulator.parallel.program import block_programs, build_programs, instance_key, recompute_program
 from simulator.run import _models, _timed
 from simulator.specs import PlanSpec, load_cluster, load_model
 from simulator.specs.model import ModelSpec
@@ -88,7 +88,8 @@ def test_a_chunks_instances_bound_its_own_fold() -> None:
     compute, comm = _models(cluster, plan.precision, plan.straggler_factor)
     blocks = (("layer.dense", 3),)
     fwd, bwd, _ = (_timed(p, compute, comm) for p in build_programs(graph, layout, blocks))
-    f1, r1, b1, w1 = (_timed(p, compute, comm) for p in block_programs(graph, layout, "layer.dense"))
+    f1, b1, w1 = (_timed(p, compute, comm) for p in block_programs(graph, layout, "layer.dense"))
+    r1 = _timed(recompute_program(graph, layout, "layer.dense"), compute, comm)
     assert not w1  # 1F1B: the weight gradients stay in the backward
     instance_fwd = compute_end_floor(f1)
     instance_bwd = compute_end_floor(r1) + compute_end_floor(b1)
@@ -109,3 +110,25 @@ def test_equal_graphs_hash_equal_and_the_hash_tells_layer_kinds_apart(tiny_model
     assert bf16 != graph
     assert hash(bf16) != hash(graph)
     assert {graph: 1}[again] == 1
+
+
+def test_layouts_with_one_instance_key_share_their_instance_programs() -> None:
+    """The search caches a block's floors under instance_key: layouts that differ only in recomputation, in how many
+    layers recompute, or in whether ZeRO-2's reduce-scatters overlap, emit the same instance programs."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    base = PlanSpec(tp=2, pp=2, dp=2, global_batch=16, micro_batch=1, vp=1, zero_stage=2, sequence_parallel=True)
+    variants = [
+        base.with_(recompute="none", grad_overlap=True),
+        base.with_(recompute="selective", grad_overlap=False),
+        base.with_(recompute="full", recompute_layers=2, grad_overlap=True),
+    ]
+    layouts = [resolve_layout(model, cluster, v) for v in variants]
+    assert len({instance_key(layout) for layout in layouts}) == 1
+    graph = build_graph(model, layouts[0].seq_len, 1)
+    for name in ("embedding", "layer.dense", "head"):
+        assert len({block_programs(graph, layout, name) for layout in layouts}) == 1
+    recomputed = [recompute_program(graph, layout, "layer.dense") for layout in layouts]
+    assert not recomputed[0]
+    assert recomputed[1]
+    assert len(recomputed[2]) > len(recomputed[1])  # the whole forward again, not the attention core alone
+    assert not recompute_program(graph, layouts[2], "head")  # only decoder layers recompute

@@ -689,12 +689,13 @@ def _search(
     # recomputation: the second starts its search where the first one's ended (None: nothing ran or fitted).
     fitted: dict[tuple[int | None, int | None], int | None] = {}
     folds: _FoldMemo = {}  # They also run the same programs, timed once for both (_pipeline_input).
+    sizes = _Sizes(model, cluster)  # and are sized once for both
     for index, candidate in enumerate(_candidates(model, plan)):
         twin = (candidate.micro_batch, candidate.vp)
         start = fitted.get(twin, 0)
         if start is None:
             continue  # its twin found no runnable or fitting recomputation; this one, with equal memory, neither
-        got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start, folds)
+        got, fitted[twin] = _first_fitting_recompute(model, cluster, candidate, plan, start, folds, sizes)
         if isinstance(got, _Deferred):
             prepared.append((got.floor_s, index, got))
             fitting = fitted[twin]
@@ -702,7 +703,7 @@ def _search(
                 # Selective and full recomputation trade memory for time differently (with a fused attention
                 # kernel selective saves little memory, yet costs the attention core again): the fewest fully
                 # recomputed layers that fit (the options after selective) compete too.
-                more, _ = _first_fitting_recompute(model, cluster, candidate, plan, fitting + 1, folds)
+                more, _ = _first_fitting_recompute(model, cluster, candidate, plan, fitting + 1, folds, sizes)
                 if isinstance(more, _Deferred):
                     prepared.append((more.floor_s, index, more))
         elif got is not None and (fallback is None or got.peak_memory_bytes < fallback.peak_memory_bytes):
@@ -824,6 +825,7 @@ def _first_fitting_recompute(
     original: PlanSpec,
     start: int = 0,
     fold_memo: _FoldMemo | None = None,
+    sizes: _Sizes | None = None,
 ) -> tuple[StepResult | _Deferred | None, int | None]:
     """The candidate with the least recomputation that fits, sized and deferred (:func:`_ready`); else the last
     (infeasible) memory-only result, or None when no recompute setting gives a runnable plan. Also returns the
@@ -838,11 +840,12 @@ def _first_fitting_recompute(
     options = _recompute_options(model, candidate)
     partial = [i for i, (rc, n) in enumerate(options) if rc == "full" and n is not None]
     last: StepResult | None = None
-    sized: dict[PlanSpec, _Sized] = {}  # what the bisection sized, so the plan it picks is not sized twice
+    # What the bisection sized, so that the plan it picks is not sized twice (nor, in a search, its overlap twin).
+    sizes = sizes if sizes is not None else _Sizes(model, cluster)
     i = start
     while i < len(options):
         if len(partial) >= PARTIAL_RECOMPUTE_BISECT_MIN and i == partial[0]:
-            i = _first_fitting_partial(model, cluster, candidate, options, i, partial[-1] + 1, sized)
+            i = _first_fitting_partial(model, cluster, candidate, options, i, partial[-1] + 1, sizes)
         rc, layers = options[i]
         trial = replace(candidate, recompute=rc, recompute_layers=layers)
         chosen = {k: getattr(trial, k) for k in original.free_knobs}
@@ -856,7 +859,7 @@ def _first_fitting_recompute(
                 False,
                 chosen,
                 memory_only_if_infeasible=True,
-                sized=sized.get(trial),
+                sized=sizes.get(trial),
                 fold_memo=fold_memo,
                 defer=True,
             )
@@ -877,7 +880,7 @@ def _first_fitting_partial(
     options: list[tuple[str, int | None]],
     start: int,
     stop: int,
-    sized: dict[PlanSpec, _Sized],
+    sizes: _Sizes,
 ) -> int:
     """The index of the first of ``options[start:stop]`` (partial recomputation, ascending n) that fits, or
     ``stop`` when none does; ``start`` when some probe is not a runnable plan (the caller then tries every n
@@ -886,7 +889,7 @@ def _first_fitting_partial(
     while lo < hi:
         mid = (lo + hi) // 2
         rc, n = options[mid]
-        fits = _fits(model, cluster, replace(candidate, recompute=rc, recompute_layers=n), sized)
+        fits = _fits(replace(candidate, recompute=rc, recompute_layers=n), sizes)
         if fits is None:
             return start
         if fits:
@@ -896,14 +899,41 @@ def _first_fitting_partial(
     return lo
 
 
-def _fits(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec, sized: dict[PlanSpec, _Sized]) -> bool | None:
-    """Whether ``plan`` fits in every stage's memory; None when it is not a runnable plan. Keeps what it sized
-    in ``sized``."""
+def _fits(plan: PlanSpec, sizes: _Sizes) -> bool | None:
+    """Whether ``plan`` fits in every stage's memory; None when it is not a runnable plan (sized through
+    ``sizes``, which keeps it)."""
     try:
-        got = sized[plan] = _layout_memory(model, cluster, plan)
+        got = sizes.get(plan)
     except InfeasiblePlanError:
         return None
     return all(m.over <= 0 for m in got[-1])
+
+
+class _Sizes:
+    """What one free-knob search has sized (:func:`_layout_memory`), by the knobs its candidates differ in but
+    ``grad_overlap``: memory does not depend on it (a ZeRO-2/3 reduce-scatter that overlaps or blocks holds the
+    same buffers), so the overlap twins share the graph, chunks and memory, each with its own layout."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec) -> None:
+        self._model, self._cluster = model, cluster
+        self._items: dict[tuple[Any, ...], _Sized] = {}
+
+    def get(self, plan: PlanSpec) -> _Sized:
+        """``plan`` sized, now or by an earlier call for it or its overlap twin.
+
+        Raises
+        ------
+        InfeasiblePlanError
+            When the plan cannot be laid out or scheduled.
+        """
+        # Within one search (_candidates, _recompute_options) every other knob is the searched plan's own.
+        key = (plan.micro_batch, plan.vp, plan.recompute, plan.recompute_layers, plan.schedule, plan.expert_tp)
+        got = self._items.get(key)
+        if got is None:
+            got = self._items[key] = _layout_memory(self._model, self._cluster, plan)
+        elif got[0].plan != plan:
+            got = (resolve_layout(self._model, self._cluster, plan), *got[1:])
+        return got
 
 
 class _Recent(Generic[_V]):

@@ -15,7 +15,7 @@ from simulator.engine.fold import TimedStep, compute_end_floor, fold
 from simulator.graph.transformer import build_graph
 from simulator.parallel.layout import resolve_layout
 from simulator.parallel.program import block_programs, build_programs, instance_key, recompute_program
-from simulator.run import _models, _timed
+from simulator.run import _layout_memory, _models, _Sizes, _timed
 from simulator.specs import PlanSpec, load_cluster, load_model
 from simulator.specs.model import ModelSpec
 
@@ -132,3 +132,19 @@ def test_layouts_with_one_instance_key_share_their_instance_programs() -> None:
     assert recomputed[1]
     assert len(recomputed[2]) > len(recomputed[1])  # the whole forward again, not the attention core alone
     assert not recompute_program(graph, layouts[2], "head")  # only decoder layers recompute
+
+
+def test_overlap_twins_are_sized_once_each_with_its_own_layout() -> None:
+    """A free-knob search sizes a candidate and its grad_overlap twin once (memory does not depend on the overlap),
+    and each keeps its own layout."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    on = PlanSpec(tp=2, pp=2, dp=2, global_batch=16, micro_batch=1, vp=1, recompute="full", zero_stage=2)
+    on = on.with_(grad_overlap=True)
+    off = on.with_(grad_overlap=False)
+    sizes = _Sizes(model, cluster)
+    first, twin = sizes.get(on), sizes.get(off)
+    assert twin[3] is first[3]  # the memory sized for the first
+    assert first[0].plan == on
+    assert twin[0].plan == off
+    assert twin[3] == _layout_memory(model, cluster, off)[3]
+    assert sizes.get(on.with_(recompute="selective"))[3] != first[3]

@@ -37,6 +37,7 @@ from simulator.parallel.program import (
     block_programs,
     build_programs,
     expert_load,
+    instance_dp_comms,
     instance_key,
     param_all_gathers,
     program_key,
@@ -1086,13 +1087,16 @@ def _compute_floor(
     wait for the instance before it; so a task's compute stream ends no earlier than the sum of its instances'
     :func:`~simulator.engine.fold.compute_end_floor` (each instance starts once the one before has left the compute
     stream). That counts the compute and the collectives compute must wait for (blocking TP, context-parallel and
-    expert all-to-all exchanges), not the overlap slowdown nor the data-parallel collectives. A stage runs each task
-    of every micro-batch one after another, not before the first micro-batch's forward has crossed every earlier
-    stage's first chunk (:func:`~simulator.engine.pipeline.lower_bound`, whose fill and busy terms these bound from
-    below). It leaves out the drain and the optimizer, so it is weaker than the engine's bound, but it costs a few
-    small programs per distinct block instead of every chunk's."""
+    expert all-to-all exchanges), not the overlap slowdown. Nor does a task end before its ``dp`` stream has run, one
+    after another, every ZeRO-2/3 gather and scatter it issues (:func:`~simulator.parallel.program.instance_dp_comms`;
+    the gathers are waited for, so its output is not ready before either): each task counts the larger of the two.
+    A stage runs each task of every micro-batch one after another, not before the first micro-batch's forward has
+    crossed every earlier stage's first chunk (:func:`~simulator.engine.pipeline.lower_bound`, whose fill and busy
+    terms these bound from below). It leaves out the drain and the optimizer, so it is weaker than the engine's
+    bound, but it costs a few small programs per distinct block instead of every chunk's."""
     key = (graph, instance_key(layout), id(compute), id(comm))  # what a block's programs and their times depend on
     recomputes = layout.recompute in ("full", "selective")
+    split_w = layout.schedule == "zb_h1"
     limit = layout.plan.recompute_layers  # None: every layer of a chunk
     m = layout.num_micro_batches
     seen: dict[tuple[str, str | None], tuple[float, ...]] = {}  # this plan's blocks: each looked up once
@@ -1109,18 +1113,30 @@ def _compute_floor(
         total = 0.0
         first_forward = 0.0
         for c, chunk in enumerate(stage):
+            # Per task of this chunk: its compute floor and its dp stream's work (forward, backward, weight gradient).
+            fwd = bwd = wgt = 0.0
+            gathers = scatters = 0.0
             layers_before = 0
             for name, count in chunk.blocks:
-                fwd, bwd = floors(name)
-                total += count * (fwd + bwd)
-                if c == 0:
-                    first_forward += count * fwd
+                f, b, w, gather_s, scatter_s = floors(name)
+                fwd += count * f
+                bwd += count * b
+                wgt += count * w
+                gathers += count * gather_s
+                scatters += count * scatter_s
                 if name.startswith("layer."):
                     if recomputes:
                         again = count if limit is None else max(0, min(count, limit - layers_before))
                         if again:
-                            total += again * floors(name, layout.recompute)[0]
+                            bwd += again * floors(name, layout.recompute)[0]
                     layers_before += count
+            forward = max(fwd, gathers)
+            if split_w:
+                total += forward + max(bwd, gathers) + max(wgt, scatters)
+            else:
+                total += forward + max(bwd + wgt, gathers + scatters)
+            if c == 0:
+                first_forward = forward
         floor = max(floor, fill + m * total)
         fill += first_forward
     return floor
@@ -1135,18 +1151,23 @@ def _block_floor(
     comm: CommModel,
     recompute: str | None = None,
 ) -> tuple[float, ...]:
-    """A block instance's forward and backward (with its weight gradients) compute floors (:func:`_compute_floor`);
-    with ``recompute``, its recomputation's alone. Kept across candidates and calls (a search sizes every candidate,
-    and a repeated call sizes them all again), under the layout's :func:`~simulator.parallel.program.instance_key`:
+    """A block instance's floors (:func:`_compute_floor`): its forward, backward and weight-gradient compute floors
+    and the seconds of its ZeRO-3 parameter gathers and ZeRO-2/3 gradient scatters; with ``recompute``, its
+    recomputation's compute floor alone. Kept across candidates and calls (a search sizes every candidate, and a
+    repeated call sizes them all again), under the layout's :func:`~simulator.parallel.program.instance_key`:
     candidates that differ only in their recomputation share the first."""
     hit = _BLOCK_FLOORS.get((*key, name, recompute))
     if hit is not None:
         return hit[2]
     if recompute is None:
         fwd, bwd, wgt = block_programs(graph, layout, name)
+        gathers, scatters = instance_dp_comms(graph, layout, name)
         got: tuple[float, ...] = (
             compute_end_floor(_timed(fwd, compute, comm)),
-            compute_end_floor(_timed(bwd, compute, comm)) + compute_end_floor(_timed(wgt, compute, comm)),
+            compute_end_floor(_timed(bwd, compute, comm)),
+            compute_end_floor(_timed(wgt, compute, comm)),
+            sum(comm.time(c) for c in gathers),
+            sum(comm.time(c) for c in scatters),
         )
     else:
         got = (compute_end_floor(_timed(recompute_program(graph, layout, name), compute, comm)),)

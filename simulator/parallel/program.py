@@ -55,6 +55,7 @@ __all__ = [
     "chunk_params",
     "expert_load",
     "fp8_gemm",
+    "instance_dp_comms",
     "instance_key",
     "is_expert_gemm",
     "local_act_bytes",
@@ -559,6 +560,19 @@ def block_programs(graph: ModelGraph, layout: Layout, name: str) -> tuple[Progra
     _emit_backward(bwd, wgt if split_w else None, name, b_ops, layout, graph)
     _emit_accumulate(wgt if split_w else bwd, f_ops, layout, name)
     return fwd.finish(), bwd.finish(), wgt.finish()
+
+
+def instance_dp_comms(graph: ModelGraph, layout: Layout, name: str) -> tuple[tuple[Comm, ...], tuple[Comm, ...]]:
+    """The collectives :func:`build_programs` issues on the ``dp`` stream for each instance of block ``name``:
+    ZeRO-3's parameter all-gathers (in the forward, and again in the backward) and ZeRO-2/3's gradient
+    reduce-scatters (in the backward, or with ``zb_h1`` in the weight-gradient pass); empty where the plan has none.
+    They depend on :func:`instance_key`."""
+    shards = layout.dp.size > 1 or layout.edp.size > 1
+    if not (reduces_in_backward(layout.plan) and shards):
+        return (), ()
+    f_ops, _ = _instance_ops(graph, layout, name)
+    gathers = tuple(_param_gathers(f_ops, layout, name)) if layout.plan.zero_stage == 3 else ()
+    return gathers, tuple(_grad_scatters(f_ops, layout, name))
 
 
 def recompute_program(graph: ModelGraph, layout: Layout, name: str) -> Program:

@@ -34,8 +34,9 @@ durations. Collective placement follows Megatron-LM:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from simulator.graph.ops import Op, whole_tokens
 from simulator.graph.transformer import ModelGraph
@@ -392,6 +393,69 @@ class _Builder:
         # engine decides whether the program's length includes them.
         return tuple(self.steps)
 
+    def relative_state(self) -> tuple[object, ...]:
+        """Everything the wiring of the next steps depends on, relative to the current end: the last compute, the
+        joins and labels still pending, which comms in flight can still be waited for (only those named in a join
+        or label ever are), and whether any other comm is in flight (it keeps later computes ``overlapped``)."""
+        n, c = len(self.steps), self.computes
+        pending = {i for v in self.joins.values() for i in v} | {i for v in self.labels.values() for i in v}
+        return (
+            None if self.last_compute is None else self.last_compute - n,
+            tuple(sorted((k - c, tuple(i - n for i in v)) for k, v in self.joins.items())),
+            tuple(sorted((label, tuple(i - n for i in v)) for label, v in self.labels.items())),
+            tuple(sorted(i - n for i in self.in_flight if i in pending)),
+            any(i not in pending for i in self.in_flight),
+        )
+
+    def repeat(self, start: int, computes: int, times: int) -> None:
+        """Append ``times`` more copies of the steps from ``start`` to the end, which ran ``computes`` counted
+        computes, each copy shifted by their span, and move the state on as emitting them would have.
+
+        Exact when those steps were emitted from a :meth:`relative_state` equal to the one they left: the same
+        emission from the same relative state appends the same steps, shifted, and leaves the same state."""
+        span = len(self.steps) - start
+        template = self.steps[start:]
+        pending = {i for v in self.joins.values() for i in v} | {i for v in self.labels.values() for i in v}
+        detached = [i for i in range(start, start + span) if i in self.in_flight and i not in pending]
+        for t in range(1, times + 1):
+            d = span * t
+            self.steps += [
+                s if not s.waits else Step(s.work, s.stream, tuple(w + d for w in s.waits), s.overlapped)
+                for s in template
+            ]
+            self.in_flight.update(i + d for i in detached)
+        d, dc = span * times, computes * times
+        self.last_compute = None if self.last_compute is None else self.last_compute + d
+        self.computes += dc
+        self.joins = {k + dc: [i + d for i in v] for k, v in self.joins.items()}
+        self.labels = {label: [i + d for i in v] for label, v in self.labels.items()}
+        self.in_flight = {i + d if i in pending else i for i in self.in_flight}
+
+
+def _emit_instances(builders: tuple[_Builder, ...], items: list[tuple[object, Callable[[], None]]]) -> None:
+    """Emit block instances in order (``(signature, emit)``: what the emission depends on besides the builders,
+    and the emission). Where an instance has the signature of the one before and the builders are in the relative
+    state that one started from, its steps and every following instance of that signature are the same steps
+    shifted (:meth:`_Builder.repeat`): a chunk of 80 equal layers is emitted about twice, then copied."""
+    previous: tuple[object, tuple[object, ...], list[tuple[int, int]]] | None = None
+    i = 0
+    while i < len(items):
+        signature, emit = items[i]
+        state = tuple(b.relative_state() for b in builders)
+        if previous is not None and previous[0] == signature and previous[1] == state:
+            n = 1
+            while i + n < len(items) and items[i + n][0] == signature:
+                n += 1
+            for b, (start, computes) in zip(builders, previous[2], strict=True):
+                b.repeat(start, computes, n)
+            i += n
+            previous = None
+            continue
+        marks = [(len(b.steps), b.computes) for b in builders]
+        emit()
+        previous = (signature, state, [(start, b.computes - c) for b, (start, c) in zip(builders, marks, strict=True)])
+        i += 1
+
 
 def build_programs(
     graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...]
@@ -500,17 +564,20 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
     instances: list[tuple[str, list[Op], list[Op]]] = []
     for name, count in blocks:
         instances += [(name, *_instance_ops(graph, layout, name))] * count
+
     # Forward; under ZeRO-3 each instance's parameters are gathered one instance ahead (prefetch).
-    for j, (name, f_ops, _) in enumerate(instances):
+    def forward(j: int, name: str, f_ops: list[Op]) -> None:
         if zero3:
             _gather_ahead(fwd, instances, j, layout, "f")
         _emit_forward(fwd, name, f_ops, layout, graph)
+
     # Backward in reverse; recomputation first where the plan asks for it (with recompute_layers, only for the
     # chunk's first that many decoder layers: Megatron-LM's block method).
     layers = [i for i, (name, _, _) in enumerate(instances) if name.startswith("layer.")]
     recomputed = set(layers[: layout.plan.recompute_layers])  # a None bound slices every layer
     rev = list(reversed(instances))
-    for j, (name, f_ops, b_ops) in enumerate(rev):
+
+    def backward(j: int, name: str, f_ops: list[Op], b_ops: list[Op]) -> None:
         if zero3:
             _gather_ahead(bwd, rev, j, layout, "b")
         if len(instances) - 1 - j in recomputed:
@@ -523,6 +590,26 @@ def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...
             # next backward op waits for it.
             for comm in _grad_scatters(f_ops, layout, name):
                 (wgt if split_w else bwd).comm(comm, stream="dp", join=0 if layout.grad_overlap else 1)
+
+    # An instance's emission depends on the builders and on its block (its op lists), on whether it recomputes, and
+    # under ZeRO-3 on its index (the gathers' labels and prefetch): equal signatures repeat (_emit_instances).
+    _emit_instances(
+        (fwd,),
+        [
+            ((j if zero3 else None, name, id(f_ops)), partial(forward, j, name, f_ops))
+            for j, (name, f_ops, _) in enumerate(instances)
+        ],
+    )
+    _emit_instances(
+        (bwd, wgt),
+        [
+            (
+                (j if zero3 else None, name, id(f_ops), len(instances) - 1 - j in recomputed),
+                partial(backward, j, name, f_ops, b_ops),
+            )
+            for j, (name, f_ops, b_ops) in enumerate(rev)
+        ],
+    )
     return fwd.finish(), bwd.finish(), wgt.finish()
 
 

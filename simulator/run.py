@@ -1328,7 +1328,17 @@ def _timed(program: Program, compute: ComputeModel, comm: CommModel) -> list[Tim
 def _program_flops(program: Program, layout: Layout) -> float:
     """FLOPs one rank of average load executes: the programs time the busiest rank's experts (expert
     imbalance), but the cluster as a whole does the mean amount of expert work."""
-    return sum(s.work.flops / expert_load(s.work, layout) for s in program if not isinstance(s.work, Comm))
+    seen: dict[int, float] = {}  # per distinct op object of the program (a chunk repeats its layers' ops)
+    out: list[float] = []
+    for s in program:
+        work = s.work
+        if isinstance(work, Comm):
+            continue
+        flops = seen.get(id(work))
+        if flops is None:
+            flops = seen[id(work)] = work.flops / expert_load(work, layout)
+        out.append(flops)
+    return sum(out)  # summed as before, in program order
 
 
 def _pipeline_input(

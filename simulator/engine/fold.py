@@ -21,14 +21,15 @@ starts after the collectives it could overlap have finished runs at full speed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["FoldResult", "TimedStep", "compute_end_floor", "fold", "overlap_extra"]
 
 
-@dataclass(frozen=True, slots=True)
-class TimedStep:
-    """A program step with its duration: ``kind`` is ``compute`` or the comm's breakdown bucket."""
+class TimedStep(NamedTuple):
+    """A program step with its duration: ``kind`` is ``compute`` or the comm's breakdown bucket. (A named tuple:
+    one is built per step of every program timed.)"""
 
     name: str
     stream: str
@@ -207,6 +208,6 @@ def compute_end_floor(steps: Sequence[TimedStep]) -> float:
     >>> fold(s).duration_s, compute_end_floor(s)
     (2.75, 2.5)
     """
-    relaxed = [st if st.kind == "compute" else replace(st, stream=f"{st.stream}#{i}") for i, st in enumerate(steps)]
+    relaxed = [st if st.kind == "compute" else st._replace(stream=f"{st.stream}#{i}") for i, st in enumerate(steps)]
     rows = fold(relaxed, timeline=True).timeline
     return max((end for _, _, kind, _, end in rows if kind == "compute"), default=0.0)

@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import NamedTuple
 
 from simulator.graph.ops import Op, whole_tokens
 from simulator.graph.transformer import ModelGraph
@@ -88,12 +89,13 @@ class Comm:
     kind: str
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(NamedTuple):
     """One entry of a program: an operator or a collective, the stream it runs on, what it waits for.
 
     ``waits`` are indices of earlier steps (in addition to the order of the step's own stream).
     ``overlapped`` marks compute that runs while a collective is in flight (for the overlap slowdown).
+    A named tuple, not a frozen dataclass: a chunk's program has thousands of steps, and a tuple is built about three
+    times faster.
     """
 
     work: Op | Comm

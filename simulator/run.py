@@ -1113,28 +1113,41 @@ def _compute_floor(
         total = 0.0
         first_forward = 0.0
         for c, chunk in enumerate(stage):
-            # Per task of this chunk: its compute floor and its dp stream's work (forward, backward, weight gradient).
+            # Per task of this chunk: its compute floor, its compute alone, and its dp stream's work (forward,
+            # backward, weight gradient).
             fwd = bwd = wgt = 0.0
+            fwd_alone = bwd_alone = 0.0
             gathers = scatters = 0.0
             layers_before = 0
             for name, count in chunk.blocks:
-                f, b, w, gather_s, scatter_s = floors(name)
+                f, b, w, gather_s, scatter_s, f_alone, b_alone = floors(name)
                 fwd += count * f
                 bwd += count * b
                 wgt += count * w
+                fwd_alone += count * f_alone
+                bwd_alone += count * b_alone
                 gathers += count * gather_s
                 scatters += count * scatter_s
                 if name.startswith("layer."):
                     if recomputes:
                         again = count if limit is None else max(0, min(count, limit - layers_before))
                         if again:
-                            bwd += again * floors(name, layout.recompute)[0]
+                            rec, rec_alone = floors(name, layout.recompute)
+                            bwd += again * rec
+                            bwd_alone += again * rec_alone
                     layers_before += count
-            forward = max(fwd, gathers)
+            forward, backward = max(fwd, gathers), max(bwd, gathers)
+            if gathers:
+                # ZeRO-3: a task's compute cannot start before the first instance's parameters have arrived, nor its
+                # last instance's compute before every gather has run on the dp stream, one after another (the
+                # forward gathers in chunk order, the backward in reverse; each instance computes after its own).
+                head, tail = floors(chunk.blocks[0][0]), floors(chunk.blocks[-1][0])
+                forward = max(forward, head[3] + fwd_alone, gathers + tail[5])
+                backward = max(backward, tail[3] + bwd_alone, gathers + head[6])
             if split_w:
-                total += forward + max(bwd, gathers) + max(wgt, scatters)
+                total += forward + backward + max(wgt, scatters)
             else:
-                total += forward + max(bwd + wgt, gathers + scatters)
+                total += forward + max(backward + wgt, gathers + scatters)
             if c == 0:
                 first_forward = forward
         floor = max(floor, fill + m * total)
@@ -1151,32 +1164,42 @@ def _block_floor(
     comm: CommModel,
     recompute: str | None = None,
 ) -> tuple[float, ...]:
-    """A block instance's floors (:func:`_compute_floor`): its forward, backward and weight-gradient compute floors
-    and the seconds of its ZeRO-3 parameter gathers and ZeRO-2/3 gradient scatters; with ``recompute``, its
-    recomputation's compute floor alone. Kept across candidates and calls (a search sizes every candidate, and a
-    repeated call sizes them all again), under the layout's :func:`~simulator.parallel.program.instance_key`:
-    candidates that differ only in their recomputation share the first."""
+    """A block instance's floors (:func:`_compute_floor`): its forward, backward and weight-gradient compute floors,
+    the seconds of its ZeRO-3 parameter gathers and ZeRO-2/3 gradient scatters, and its forward's and backward's
+    compute alone; with ``recompute``, its recomputation's compute floor and compute alone. Kept across candidates
+    and calls (a search sizes every candidate, and a repeated call sizes them all again), under the layout's
+    :func:`~simulator.parallel.program.instance_key`: candidates that differ only in their recomputation share the
+    first."""
     hit = _BLOCK_FLOORS.get((*key, name, recompute))
     if hit is not None:
         return hit[2]
     if recompute is None:
         fwd, bwd, wgt = block_programs(graph, layout, name)
         gathers, scatters = instance_dp_comms(graph, layout, name)
+        timed_fwd, timed_bwd = _timed(fwd, compute, comm), _timed(bwd, compute, comm)
         got: tuple[float, ...] = (
-            compute_end_floor(_timed(fwd, compute, comm)),
-            compute_end_floor(_timed(bwd, compute, comm)),
+            compute_end_floor(timed_fwd),
+            compute_end_floor(timed_bwd),
             compute_end_floor(_timed(wgt, compute, comm)),
             sum(comm.time(c) for c in gathers),
             sum(comm.time(c) for c in scatters),
+            _compute_alone(timed_fwd),
+            _compute_alone(timed_bwd),
         )
     else:
-        got = (compute_end_floor(_timed(recompute_program(graph, layout, name), compute, comm)),)
+        timed_rec = _timed(recompute_program(graph, layout, name), compute, comm)
+        got = (compute_end_floor(timed_rec), _compute_alone(timed_rec))
     # The models held, so that their ids in the key stay theirs.
     _BLOCK_FLOORS.put((*key, name, recompute), (compute, comm, got))
     return got
 
 
-# Block floors across calls; an entry is one or two floats (and the key).
+def _compute_alone(steps: list[TimedStep]) -> float:
+    """The nominal seconds of a program's compute steps, which its compute stream runs one after another."""
+    return sum(st.duration_s for st in steps if st.kind == "compute")
+
+
+# Block floors across calls; an entry is a few floats (and the key).
 BLOCK_FLOORS_MAX = 4096
 _BLOCK_FLOORS: _Recent[tuple[ComputeModel, CommModel, tuple[float, ...]]] = _Recent(BLOCK_FLOORS_MAX)
 

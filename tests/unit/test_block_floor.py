@@ -198,3 +198,27 @@ def test_the_floor_with_sharded_data_parallelism_stays_below_the_bound(
     assert compute_alone <= deferred.floor_s
     if plan.zero_stage == 3:
         assert compute_alone < deferred.floor_s
+
+
+def test_zero3_tasks_wait_for_their_first_gather_and_their_last_instance_for_every_gather(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With one layer per chunk (interleaving) a ZeRO-3 task's first gather is not hidden by an earlier layer: the
+    floor counts it before the task's compute, and stays below the engine's bound."""
+    from simulator import run
+    from simulator.engine.pipeline import lower_bound
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
+    plan = PlanSpec(
+        tp=1, pp=2, dp=16, vp=16, global_batch=64, micro_batch=1, seq_len=512, zero_stage=3, recompute="full"
+    )
+    plan = plan.with_(grad_overlap=True)
+    model, plan = run._normalised(model, cluster, plan)
+    deferred = run._prepare(model, cluster, plan, False, {}, memory_only_if_infeasible=True, defer=True)
+    assert isinstance(deferred, run._Deferred)
+    assert deferred.floor_s <= lower_bound(run._ready(model, cluster, deferred).pipe) * (1 + 1e-12)
+    layout, graph, chunks, _ = deferred.sized
+    monkeypatch.setattr(run, "_compute_alone", lambda steps: 0.0)
+    monkeypatch.setattr(run, "_BLOCK_FLOORS", run._Recent(run.BLOCK_FLOORS_MAX))
+    without = run._compute_floor(graph, layout, chunks, *_models(cluster, plan.precision, 1.0))
+    assert without < deferred.floor_s

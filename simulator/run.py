@@ -1041,8 +1041,11 @@ def _layout_memory(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> _S
     chunks = partition(graph, plan.pp, layout.vp)
     live = stage_in_flight(layout.schedule, plan.pp, layout.num_micro_batches, layout.vp)
     capacity = cluster.device.hbm_bytes
-    kept: dict[str, float] = {}  # per block, shared by the stages (stage_memory)
-    memory = tuple(stage_memory(graph, layout, chunks[s], (), capacity, live[s], kept) for s in range(plan.pp))
+    kept: dict[str, float] = {}  # per block and per distinct chunk, shared by the stages (stage_memory)
+    by_chunk: dict[tuple[object, ...], tuple[float, float]] = {}
+    memory = tuple(
+        stage_memory(graph, layout, chunks[s], (), capacity, live[s], kept, by_chunk) for s in range(plan.pp)
+    )
     return layout, graph, chunks, memory
 
 

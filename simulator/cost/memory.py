@@ -217,10 +217,13 @@ def stage_memory(
     capacity: float,
     live: tuple[tuple[int, ...], ...] | None = None,
     kept_by_block: dict[str, float] | None = None,
+    by_chunk: dict[tuple[object, ...], tuple[float, float]] | None = None,
 ) -> StageMemory:
     """Peak memory of one rank of the stage that runs ``chunks`` in task ``order``; ``live`` is
     ``in_flight(order, vp)`` when the caller has it already. Callers sizing every stage of one plan pass one
-    ``kept_by_block`` dict to all of them (:func:`_chunk_activations`)."""
+    ``kept_by_block`` dict to all of them (:func:`_chunk_activations`), and one ``by_chunk`` dict, which keeps each
+    distinct chunk's activations (a chunk's depend on its blocks and layer count alone, and an interleaved plan has
+    dozens of chunks of one layer)."""
     plan = layout.plan
     dense, expert, fp8_dense, fp8_expert = stage_params(graph, layout, chunks)
     dp, edp = layout.dp.size, layout.edp.size
@@ -247,8 +250,12 @@ def stage_memory(
     kept_by_chunk = [0.0] * layout.vp
     working = 0.0
     kept_by_block = {} if kept_by_block is None else kept_by_block
+    by_chunk = {} if by_chunk is None else by_chunk
     for chunk in chunks:
-        kept, work = _chunk_activations(graph, layout, chunk, kept_by_block)
+        got = by_chunk.get((chunk.blocks, chunk.layers))
+        if got is None:
+            got = by_chunk[chunk.blocks, chunk.layers] = _chunk_activations(graph, layout, chunk, kept_by_block)
+        kept, work = got
         kept_by_chunk[chunk.chunk] += kept
         working = max(working, work)
     # The largest mix of live micro-batches the order reaches, weighted by what each chunk keeps (with deferred

@@ -17,6 +17,7 @@ with which Megatron-Bridge runs Llama 3.1 405B (126 layers) on pp 16 × vp 8 = 1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from simulator.errors import InfeasiblePlanError
 from simulator.graph.transformer import ModelGraph
@@ -94,13 +95,20 @@ def partition(graph: ModelGraph, pp: int, vp: int) -> tuple[tuple[Chunk, ...], .
     >>> [c.blocks for c in (s[0] for s in partition(g, 2, 1))]
     [(('embedding', 1), ('layer.dense', 3)), (('layer.dense', 3), ('head', 1))]
     """
+    return _partition(graph.layer_kinds, pp, vp)
+
+
+@lru_cache(maxsize=1024)
+def _partition(layer_kinds: tuple[str, ...], pp: int, vp: int) -> tuple[tuple[Chunk, ...], ...]:
+    """:func:`partition` by the graph's layer kinds, all it reads: a free-knob search partitions each candidate's
+    graph again, the same few ways."""
     virtual = pp * vp
-    counts = _layers_per_virtual_stage(len(graph.layer_kinds), virtual)
+    counts = _layers_per_virtual_stage(len(layer_kinds), virtual)
     stages: list[list[Chunk]] = [[] for _ in range(pp)]
     start = 0
     for v_index, n_layers in enumerate(counts):
         chunk, stage = divmod(v_index, pp)
-        kinds = graph.layer_kinds[start : start + n_layers]
+        kinds = layer_kinds[start : start + n_layers]
         start += n_layers
         blocks: list[tuple[str, int]] = []
         if v_index == 0:

@@ -567,10 +567,11 @@ def _rank(
         result = _finish(models[pi], cluster, ready)
         finished.setdefault(pi, []).append((ci, result))
         fastest[pi] = min(fastest.get(pi, math.inf), result.step_time_s)
-        if len(fastest) >= top:
-            cutoff = sorted(fastest.values())[top - 1]
+        steps = sorted(fastest.values())
+        if len(steps) >= top:
+            cutoff = steps[top - 1]
         if peers is not None:
-            peers.publish(sorted(fastest.values())[:top])
+            peers.publish(steps[:top])
     for pi, timed in finished.items():
         # Exact where no skipped candidate could have beaten its fastest (simulate's own rule for stopping).
         if unrun.get(pi, math.inf) > fastest[pi] * (1.0 + BOUND_SLACK):
@@ -1102,12 +1103,19 @@ def _compute_floor(
     split_w = layout.schedule == "zb_h1"
     limit = layout.plan.recompute_layers  # None: every layer of a chunk
     m = layout.num_micro_batches
-    seen: dict[tuple[str, str | None], tuple[float, ...]] = {}  # this plan's blocks: each looked up once
+    seen: dict[str, _BlockFloor] = {}  # this plan's blocks: each looked up once
+    seen_again: dict[str, _RecomputeFloor] = {}
 
-    def floors(name: str, recompute: str | None = None) -> tuple[float, ...]:
-        got = seen.get((name, recompute))
+    def floors(name: str) -> _BlockFloor:
+        got = seen.get(name)
         if got is None:
-            got = seen[name, recompute] = _block_floor(graph, layout, key, name, compute, comm, recompute)
+            got = seen[name] = _block_floor(graph, layout, key, name, compute, comm)
+        return got
+
+    def recomputed(name: str) -> _RecomputeFloor:
+        got = seen_again.get(name)
+        if got is None:
+            got = seen_again[name] = _recompute_floor(graph, layout, key, name, compute, comm)
         return got
 
     floor = 0.0
@@ -1123,21 +1131,21 @@ def _compute_floor(
             gathers = scatters = 0.0
             layers_before = 0
             for name, count in chunk.blocks:
-                f, b, w, gather_s, scatter_s, f_alone, b_alone = floors(name)
-                fwd += count * f
-                bwd += count * b
-                wgt += count * w
-                fwd_alone += count * f_alone
-                bwd_alone += count * b_alone
-                gathers += count * gather_s
-                scatters += count * scatter_s
+                block = floors(name)
+                fwd += count * block.fwd
+                bwd += count * block.bwd
+                wgt += count * block.wgt
+                fwd_alone += count * block.fwd_alone
+                bwd_alone += count * block.bwd_alone
+                gathers += count * block.gathers
+                scatters += count * block.scatters
                 if name.startswith("layer."):
                     if recomputes:
                         again = count if limit is None else max(0, min(count, limit - layers_before))
                         if again:
-                            rec, rec_alone = floors(name, layout.recompute)
-                            bwd += again * rec
-                            bwd_alone += again * rec_alone
+                            rec = recomputed(name)
+                            bwd += again * rec.floor
+                            bwd_alone += again * rec.alone
                     layers_before += count
             forward, backward = max(fwd, gathers), max(bwd, gathers)
             if gathers:
@@ -1145,8 +1153,8 @@ def _compute_floor(
                 # last instance's compute before every gather has run on the dp stream, one after another (the
                 # forward gathers in chunk order, the backward in reverse; each instance computes after its own).
                 head, tail = floors(chunk.blocks[0][0]), floors(chunk.blocks[-1][0])
-                forward = max(forward, head[3] + fwd_alone, gathers + tail[5])
-                backward = max(backward, tail[3] + bwd_alone, gathers + head[6])
+                forward = max(forward, head.gathers + fwd_alone, gathers + tail.fwd_alone)
+                backward = max(backward, tail.gathers + bwd_alone, gathers + head.bwd_alone)
             if split_w:
                 total += forward + backward + max(wgt, scatters)
             else:
@@ -1158,42 +1166,65 @@ def _compute_floor(
     return floor
 
 
+class _BlockFloor(NamedTuple):
+    """A block instance's floors (:func:`_compute_floor`): its forward, backward and weight-gradient compute floors
+    (:func:`~simulator.engine.fold.compute_end_floor`), the seconds of its ZeRO-3 parameter gathers and ZeRO-2/3
+    gradient scatters, and its forward's and backward's compute alone (:func:`_compute_alone`)."""
+
+    fwd: float
+    bwd: float
+    wgt: float
+    gathers: float
+    scatters: float
+    fwd_alone: float
+    bwd_alone: float
+
+
+class _RecomputeFloor(NamedTuple):
+    """A block instance's recomputation: its compute floor and its compute alone."""
+
+    floor: float
+    alone: float
+
+
 def _block_floor(
-    graph: ModelGraph,
-    layout: Layout,
-    key: tuple[Any, ...],
-    name: str,
-    compute: ComputeModel,
-    comm: CommModel,
-    recompute: str | None = None,
-) -> tuple[float, ...]:
-    """A block instance's floors (:func:`_compute_floor`): its forward, backward and weight-gradient compute floors,
-    the seconds of its ZeRO-3 parameter gathers and ZeRO-2/3 gradient scatters, and its forward's and backward's
-    compute alone; with ``recompute``, its recomputation's compute floor and compute alone. Kept across candidates
-    and calls (a search sizes every candidate, and a repeated call sizes them all again), under the layout's
-    :func:`~simulator.parallel.program.instance_key`: candidates that differ only in their recomputation share the
-    first."""
-    hit = _BLOCK_FLOORS.get((*key, name, recompute))
+    graph: ModelGraph, layout: Layout, key: tuple[Any, ...], name: str, compute: ComputeModel, comm: CommModel
+) -> _BlockFloor:
+    """A block instance's floors, kept across candidates and calls (a search sizes every candidate, and a repeated
+    call sizes them all again) under the layout's :func:`~simulator.parallel.program.instance_key`: candidates that
+    differ only in their recomputation share them."""
+    hit = _BLOCK_FLOORS.get((*key, name, None))
     if hit is not None:
+        assert isinstance(hit[2], _BlockFloor)
         return hit[2]
-    if recompute is None:
-        fwd, bwd, wgt = block_programs(graph, layout, name)
-        gathers, scatters = instance_dp_comms(graph, layout, name)
-        timed_fwd, timed_bwd = _timed(fwd, compute, comm), _timed(bwd, compute, comm)
-        got: tuple[float, ...] = (
-            compute_end_floor(timed_fwd),
-            compute_end_floor(timed_bwd),
-            compute_end_floor(_timed(wgt, compute, comm)),
-            sum(comm.time(c) for c in gathers),
-            sum(comm.time(c) for c in scatters),
-            _compute_alone(timed_fwd),
-            _compute_alone(timed_bwd),
-        )
-    else:
-        timed_rec = _timed(recompute_program(graph, layout, name), compute, comm)
-        got = (compute_end_floor(timed_rec), _compute_alone(timed_rec))
-    # The models held, so that their ids in the key stay theirs.
-    _BLOCK_FLOORS.put((*key, name, recompute), (compute, comm, got))
+    fwd, bwd, wgt = block_programs(graph, layout, name)
+    gathers, scatters = instance_dp_comms(graph, layout, name)
+    timed_fwd, timed_bwd = _timed(fwd, compute, comm), _timed(bwd, compute, comm)
+    got = _BlockFloor(
+        fwd=compute_end_floor(timed_fwd),
+        bwd=compute_end_floor(timed_bwd),
+        wgt=compute_end_floor(_timed(wgt, compute, comm)),
+        gathers=sum(comm.time(c) for c in gathers),
+        scatters=sum(comm.time(c) for c in scatters),
+        fwd_alone=_compute_alone(timed_fwd),
+        bwd_alone=_compute_alone(timed_bwd),
+    )
+    _BLOCK_FLOORS.put((*key, name, None), (compute, comm, got))  # the models held, so that their ids stay theirs
+    return got
+
+
+def _recompute_floor(
+    graph: ModelGraph, layout: Layout, key: tuple[Any, ...], name: str, compute: ComputeModel, comm: CommModel
+) -> _RecomputeFloor:
+    """A block instance's recomputation floors under the layout's recompute mode, kept as :func:`_block_floor`
+    keeps its floors (the mode added to the key)."""
+    hit = _BLOCK_FLOORS.get((*key, name, layout.recompute))
+    if hit is not None:
+        assert isinstance(hit[2], _RecomputeFloor)
+        return hit[2]
+    timed = _timed(recompute_program(graph, layout, name), compute, comm)
+    got = _RecomputeFloor(compute_end_floor(timed), _compute_alone(timed))
+    _BLOCK_FLOORS.put((*key, name, layout.recompute), (compute, comm, got))
     return got
 
 
@@ -1204,7 +1235,7 @@ def _compute_alone(steps: list[TimedStep]) -> float:
 
 # Block floors across calls; an entry is a few floats (and the key).
 BLOCK_FLOORS_MAX = 4096
-_BLOCK_FLOORS: _Recent[tuple[ComputeModel, CommModel, tuple[float, ...]]] = _Recent(BLOCK_FLOORS_MAX)
+_BLOCK_FLOORS: _Recent[tuple[ComputeModel, CommModel, _BlockFloor | _RecomputeFloor]] = _Recent(BLOCK_FLOORS_MAX)
 
 
 @dataclass(frozen=True, slots=True)

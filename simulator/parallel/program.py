@@ -395,12 +395,16 @@ class _Builder:
         # engine decides whether the program's length includes them.
         return tuple(self.steps)
 
+    def _pending(self) -> set[int]:
+        """The comms a later compute will still wait for (named in a join or a label)."""
+        return {i for v in self.joins.values() for i in v} | {i for v in self.labels.values() for i in v}
+
     def relative_state(self) -> tuple[object, ...]:
         """Everything the wiring of the next steps depends on, relative to the current end: the last compute, the
         joins and labels still pending, which comms in flight can still be waited for (only those named in a join
         or label ever are), and whether any other comm is in flight (it keeps later computes ``overlapped``)."""
         n, c = len(self.steps), self.computes
-        pending = {i for v in self.joins.values() for i in v} | {i for v in self.labels.values() for i in v}
+        pending = self._pending()
         return (
             None if self.last_compute is None else self.last_compute - n,
             tuple(sorted((k - c, tuple(i - n for i in v)) for k, v in self.joins.items())),
@@ -417,7 +421,7 @@ class _Builder:
         emission from the same relative state appends the same steps, shifted, and leaves the same state."""
         span = len(self.steps) - start
         template = self.steps[start:]
-        pending = {i for v in self.joins.values() for i in v} | {i for v in self.labels.values() for i in v}
+        pending = self._pending()
         detached = [i for i in range(start, start + span) if i in self.in_flight and i not in pending]
         for t in range(1, times + 1):
             d = span * t
@@ -547,21 +551,27 @@ def _build_cached(
     return _build(graph, layout.value, blocks)
 
 
+def _instance_dp_work(layout: Layout) -> tuple[bool, bool]:
+    """(gathers, scatters): whether each block instance gathers its parameters (ZeRO-3) and reduce-scatters its
+    fresh gradients (ZeRO-2 and ZeRO-3) on the ``dp`` stream.
+
+    ZeRO-3 shards whatever has a group to shard over: the dense parameters over dp, the routed experts over edp
+    (tp 4 · ep 2 with expert_tp 1 has dp 1 but edp 2: its experts are still gathered and scattered). ZeRO-2 and
+    ZeRO-3 keep only their shard of the gradients, so each micro-batch's fresh gradients are reduce-scattered in its
+    backward, layer by layer, as they are produced: gradients cannot accumulate over micro-batches in a shard ("For
+    zero stage 2 (and 3), gradient reduction is required after every backward because of gradient partitioning",
+    DeepSpeed maintainers, deepspeedai/DeepSpeed#2252; PyTorch FSDP's SHARD_GRAD_OP likewise reduce-scatters in
+    every backward outside no_sync)."""
+    shards = layout.dp.size > 1 or layout.edp.size > 1
+    return layout.plan.zero_stage == 3 and shards, reduces_in_backward(layout.plan) and shards
+
+
 def _build(graph: ModelGraph, layout: Layout, blocks: tuple[tuple[str, int], ...]) -> tuple[Program, Program, Program]:
     split_w = layout.schedule == "zb_h1"
     fwd = _Builder()
     bwd = _Builder()
     wgt = _Builder()
-    # ZeRO-3 shards whatever has a group to shard over: the dense parameters over dp, the routed experts over edp
-    # (tp 4 · ep 2 with expert_tp 1 has dp 1 but edp 2: its experts are still gathered and scattered).
-    shards = layout.dp.size > 1 or layout.edp.size > 1
-    zero3 = layout.plan.zero_stage == 3 and shards
-    # ZeRO-2 and ZeRO-3 keep only their shard of the gradients, so each micro-batch's fresh gradients are
-    # reduce-scattered in its backward, layer by layer, as they are produced: gradients cannot accumulate over
-    # micro-batches in a shard ("For zero stage 2 (and 3), gradient reduction is required after every backward
-    # because of gradient partitioning", DeepSpeed maintainers, deepspeedai/DeepSpeed#2252; PyTorch FSDP's
-    # SHARD_GRAD_OP likewise reduce-scatters in every backward outside no_sync).
-    scatters = reduces_in_backward(layout.plan) and shards
+    zero3, scatters = _instance_dp_work(layout)
     # Every block instance of the chunk in forward order, each with its sharded forward and backward ops.
     instances: list[tuple[str, list[Op], list[Op]]] = []
     for name, count in blocks:
@@ -656,11 +666,11 @@ def instance_dp_comms(graph: ModelGraph, layout: Layout, name: str) -> tuple[tup
     ZeRO-3's parameter all-gathers (in the forward, and again in the backward) and ZeRO-2/3's gradient
     reduce-scatters (in the backward, or with ``zb_h1`` in the weight-gradient pass); empty where the plan has none.
     They depend on :func:`instance_key`."""
-    shards = layout.dp.size > 1 or layout.edp.size > 1
-    if not (reduces_in_backward(layout.plan) and shards):
+    zero3, scatters = _instance_dp_work(layout)
+    if not scatters:  # ZeRO-3 scatters too
         return (), ()
     f_ops, _ = _instance_ops(graph, layout, name)
-    gathers = tuple(_param_gathers(f_ops, layout, name)) if layout.plan.zero_stage == 3 else ()
+    gathers = tuple(_param_gathers(f_ops, layout, name)) if zero3 else ()
     return gathers, tuple(_grad_scatters(f_ops, layout, name))
 
 

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator import run
 from simulator.engine.fold import TimedStep, compute_end_floor, fold
+from simulator.engine.pipeline import lower_bound
 from simulator.graph.transformer import build_graph
 from simulator.parallel.layout import resolve_layout
 from simulator.parallel.program import (
@@ -24,6 +26,7 @@ from simulator.parallel.program import (
 )
 from simulator.run import _layout_memory, _models, _Sizes, _timed
 from simulator.specs import PlanSpec, load_cluster, load_model
+from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 
 
@@ -157,6 +160,14 @@ def test_overlap_twins_are_sized_once_each_with_its_own_layout() -> None:
     assert sizes.get(on.with_(recompute="selective"))[3] != first[3]
 
 
+def _deferred_and_bound(model: ModelSpec, cluster: ClusterSpec, plan: PlanSpec) -> tuple[run._Deferred, float]:
+    """A fully specified plan that fits, sized with its floor, and the engine's lower bound on its step."""
+    model, plan = run._normalised(model, cluster, plan)
+    deferred = run._prepare(model, cluster, plan, False, {}, memory_only_if_infeasible=True, defer=True)
+    assert isinstance(deferred, run._Deferred)
+    return deferred, lower_bound(run._ready(model, cluster, deferred).pipe)
+
+
 @pytest.mark.parametrize(
     "knobs",
     [
@@ -175,18 +186,12 @@ def test_the_floor_with_sharded_data_parallelism_stays_below_the_bound(
     engine's bound, with blocking or overlapped scatters, recomputation and the split weight-gradient pass. With
     ZeRO-3 over 16 ranks of two nodes and 512-token sequences the gathers outweigh the compute: the floor is more
     than the compute's alone."""
-    from simulator import run
-    from simulator.engine.pipeline import lower_bound
-
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
     plan = PlanSpec(
         **{"tp": 1, "pp": 2, "dp": 16, "global_batch": 64, "micro_batch": 1, "vp": 1, "seq_len": 512, **knobs}
     )
     plan = plan.with_(recompute=plan.recompute or "none")
-    model, plan = run._normalised(model, cluster, plan)
-    deferred = run._prepare(model, cluster, plan, False, {}, memory_only_if_infeasible=True, defer=True)
-    assert isinstance(deferred, run._Deferred)
-    bound = lower_bound(run._ready(model, cluster, deferred).pipe)
+    deferred, bound = _deferred_and_bound(model, cluster, plan)
     assert deferred.floor_s <= bound * (1 + 1e-12)
     layout, graph, chunks, _ = deferred.sized
     gathers, scatters = instance_dp_comms(graph, layout, "layer.dense")
@@ -205,18 +210,13 @@ def test_zero3_tasks_wait_for_their_first_gather_and_their_last_instance_for_eve
 ) -> None:
     """With one layer per chunk (interleaving) a ZeRO-3 task's first gather is not hidden by an earlier layer: the
     floor counts it before the task's compute, and stays below the engine's bound."""
-    from simulator import run
-    from simulator.engine.pipeline import lower_bound
-
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100")
     plan = PlanSpec(
         tp=1, pp=2, dp=16, vp=16, global_batch=64, micro_batch=1, seq_len=512, zero_stage=3, recompute="full"
     )
     plan = plan.with_(grad_overlap=True)
-    model, plan = run._normalised(model, cluster, plan)
-    deferred = run._prepare(model, cluster, plan, False, {}, memory_only_if_infeasible=True, defer=True)
-    assert isinstance(deferred, run._Deferred)
-    assert deferred.floor_s <= lower_bound(run._ready(model, cluster, deferred).pipe) * (1 + 1e-12)
+    deferred, bound = _deferred_and_bound(model, cluster, plan)
+    assert deferred.floor_s <= bound * (1 + 1e-12)
     layout, graph, chunks, _ = deferred.sized
     monkeypatch.setattr(run, "_compute_alone", lambda steps: 0.0)
     monkeypatch.setattr(run, "_BLOCK_FLOORS", run._Recent(run.BLOCK_FLOORS_MAX))

@@ -997,6 +997,7 @@ def _list_option(text: str, where: str) -> list[Any]:
     """A comma-separated option value as a list of YAML scalars (4 a number, true a boolean, auto text); a value
     that is one YAML list ([4, 8]) is read whole."""
     from simulator.specs._yaml import load_yaml_text
+    from simulator.specs.library import is_plain
 
     if text.strip().startswith("["):
         value = load_yaml_text(text, where)
@@ -1006,7 +1007,8 @@ def _list_option(text: str, where: str) -> list[Any]:
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
         raise SpecError(where, f"has an empty value in {text!r}", "write values separated by commas: 4,8")
-    return [load_yaml_text(item, where) for item in items]
+    # A date (2001-01-01) or !!binary item is taken as its text, as a single --set value is (parse_overrides).
+    return [value if is_plain(value := load_yaml_text(item, where)) else item for item in items]
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:

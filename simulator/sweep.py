@@ -39,6 +39,7 @@ from simulator.errors import SpecError
 from simulator.run import infeasible_result, row_columns, simulate
 from simulator.specs._fields import check_whole
 from simulator.specs.hardware import ClusterSpec
+from simulator.specs.library import is_plain
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
 
@@ -340,6 +341,11 @@ def _values(where: str, value: Any) -> tuple[Any, ...]:
     for v in values:
         if isinstance(v, list | tuple | Mapping):
             raise SpecError(where, f"must be a list of single values, got {v!r} in it", "flatten the list")
+        if not is_plain(v):
+            # A YAML date (2001-01-01) or !!binary value: no spec key takes one, and the grid's JSON could not hold it.
+            raise SpecError(
+                where, f"holds {v!r}, which YAML reads as a {type(v).__name__}", "quote it to give it as text"
+            )
         if not any(_same(v, u) for u in unique):
             unique.append(v)
     return tuple(unique)

@@ -20,12 +20,13 @@ through the engine.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from simulator.errors import SpecError
 from simulator.run import check_spec
-from simulator.specs._fields import check_whole
+from simulator.specs._fields import check_count, check_whole
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.model import ModelSpec
 from simulator.specs.plan import PlanSpec
@@ -81,12 +82,16 @@ def layouts(
     check_spec("layouts: cluster", cluster)
     check_whole("layouts: num_gpus", num_gpus, "give num_gpus")
     check_whole("layouts: global_batch", global_batch, "give global_batch")
+    check_count("layouts: num_gpus", num_gpus)
+    check_count("layouts: global_batch", global_batch)
     if max_tp is not None:
         check_whole("layouts: max_tp", max_tp, "give the largest tp to try")
     knobs = _fixed(fixed)
     seq_len = int(knobs.get("seq_len") or model.seq_len)
     tp_bound = cluster.nvlink_domain_gpus if max_tp is None else max_tp
-    candidates = _given("tp", tp, _divisors(num_gpus))
+    # Only a tp dividing the GPUs, the heads and the KV heads can run: the divisors of their gcd (not of the GPU
+    # count itself, which may be as large as 2**53).
+    candidates = _given("tp", tp, _divisors(math.gcd(num_gpus, model.heads, model.kv_heads)))
     tps = [t for t in candidates if model.heads % t == 0 and model.kv_heads % t == 0 and num_gpus % t == 0]
     if tp is not None and candidates and not tps:
         raise SpecError(
@@ -100,7 +105,7 @@ def layouts(
     out = []
     refused: list[str] = []  # why combinations with the fixed knobs are no plan (vp 2 beside pp 1, say)
     for t in tps:
-        for p in _given("pp", pp, _divisors(num_gpus // t)):
+        for p in _given("pp", pp, _pp_degrees(num_gpus // t, model.layers)):
             if (num_gpus // t) % p or not _splits_layers(model.layers, p):
                 continue
             for c in _given("cp", cp, _cp_degrees(seq_len)):
@@ -166,8 +171,27 @@ def _given(name: str, values: Sequence[int] | int | None, default: Iterable[int]
 
 
 def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
+    """The divisors of ``n`` in ascending order, from its prime factors (trial division stops once the factor left
+    is prime, so a GPU count such as 2**40 takes a few steps, not a million)."""
+    factors: dict[int, int] = {}
+    rest, d = n, 2
+    while d * d <= rest:
+        while rest % d == 0:
+            factors[d] = factors.get(d, 0) + 1
+            rest //= d
+        d += 1 if d == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    out = [1]
+    for prime, power in factors.items():
+        out = [x * prime**k for x in out for k in range(power + 1)]
+    return sorted(out)
+
+
+def _pp_degrees(n: int, layers: int) -> list[int]:
+    """The pipeline degrees dividing ``n`` that split the layers evenly, with or without the embedding and the loss
+    counted as a layer each (:func:`_splits_layers`): the divisors of gcd(n, layers) and of gcd(n, layers + 2)."""
+    return sorted({*_divisors(math.gcd(n, layers)), *_divisors(math.gcd(n, layers + 2))})
 
 
 def _splits_layers(layers: int, pp: int) -> bool:
@@ -188,7 +212,9 @@ def _expert_degrees(model: ModelSpec, tp: int, dp: int, cp: int, ep: Sequence[in
     if model.moe is None:
         return [1]
     experts = model.moe.num_experts
-    return [e for e in _given("ep", ep, _divisors(experts)) if experts % e == 0 and (dp * cp) % e == 0]
+    return [
+        e for e in _given("ep", ep, _divisors(math.gcd(experts, dp * cp))) if experts % e == 0 and (dp * cp) % e == 0
+    ]
 
 
 def axes_of(found: Sequence[PlanSpec]) -> dict[str, list[int]]:

@@ -68,6 +68,14 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _finite(value: int | float) -> bool:
+    """Whether a number is finite as a float: an integer too large for one (YAML keeps every digit) is not."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 class Fields:
     """Typed access to one mapping, with the file and key path used in every error.
 
@@ -178,7 +186,10 @@ class Fields:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(key, f"must be a number, got {_show(value)}", _number_fix(value, key))
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer beyond any float (YAML and --set keep every digit of one)
+            raise self.error(key, f"is too large: {fmt_number(value)}", "write a realistic figure") from None
         if not math.isfinite(value):
             raise self.error(key, f"must be finite, got {value}", "write a finite number")
         if positive and value <= 0:
@@ -262,7 +273,7 @@ class Fields:
             raise self.error(key, f"must be a list of numbers, got {_show(value)}", "write [0.5, 0.7]")
         out: list[float] = []
         for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, int | float) or not math.isfinite(item):
+            if isinstance(item, bool) or not isinstance(item, int | float) or not _finite(item):
                 raise self.error(f"{key}[{i}]", f"must be a finite number, got {_show(item)}", _number_fix(item, key))
             out.append(float(item))
         return tuple(out)
@@ -294,9 +305,9 @@ def _check_range(f: Fields, key: str, value: float, lo: float | None, hi: float 
             key, f"must be >= {fmt_number(lo)}, got {fmt_number(value)}", f"use a value of at least {fmt_number(lo)}"
         )
     if hi is not None and value > hi:
-        raise f.error(
-            key, f"must be <= {fmt_number(hi)}, got {fmt_number(value)}", f"use a value of at most {fmt_number(hi)}"
-        )
+        # A bound of 2**53 (MAX_COUNT) reads as its digits grouped, not as 'a number of 16 digits'.
+        bound = f"{hi:,}" if isinstance(hi, int) and hi >= 10**15 else fmt_number(hi)
+        raise f.error(key, f"must be <= {bound}, got {fmt_number(value)}", f"use a value of at most {bound}")
 
 
 def fmt_number(x: float) -> str:
@@ -327,6 +338,8 @@ def _show(value: Any) -> str:
         return "a list"
     if isinstance(value, dict):
         return "a mapping"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return fmt_number(value)
     return repr(value)
 
 
@@ -382,6 +395,8 @@ def _number_fix(value: Any, key: str = "") -> str:
                 fix += f", or, as {key} is in {unit}, the figure in that unit{example}"
             return fix
         return f"remove the quotes: write {text}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "write a realistic figure"  # a number, but not a finite one (inf, nan, or beyond any float)
     return "write a plain number without quotes"
 
 

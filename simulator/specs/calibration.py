@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simulator.errors import SpecError
-from simulator.specs._fields import Fields
+from simulator.specs._fields import MAX_COUNT, Fields
 from simulator.units import GB, sig
 
 __all__ = [
@@ -279,7 +279,7 @@ class BandwidthCurve:
         spec = cls(
             collective=f.choice("collective", COLLECTIVES),
             scope="domain",
-            ranks=f.integer("ranks", minimum=2),
+            ranks=f.integer("ranks", minimum=2, maximum=MAX_COUNT),
             log2_bytes=xs,
             busbw_bytes_per_s=tuple(
                 f.scaled(f"busbw_gb_per_s[{i}]", y, GB, "give the nccl-tests busbw in GB/s") for i, y in enumerate(ys)

@@ -37,6 +37,7 @@ __all__ = [
     "apply_overrides",
     "data_roots",
     "find_file",
+    "is_plain",
     "list_names",
     "load_calibration",
     "load_cluster",
@@ -362,6 +363,17 @@ def load_cluster(
     )
 
 
+def is_plain(value: Any) -> bool:
+    """Whether a parsed --set value is made of JSON's types only (text, numbers, booleans, null, lists, mappings)."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return True
+    if isinstance(value, list):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_plain(v) for k, v in value.items())
+    return False
+
+
 def parse_overrides(settings: list[str] | tuple[str, ...]) -> dict[str, dict[str, Any]]:
     """Split ``scope.key=value`` strings (``--set``) by scope: model, cluster, device or plan.
 
@@ -385,6 +397,10 @@ def parse_overrides(settings: list[str] | tuple[str, ...]) -> dict[str, dict[str
             if "not valid YAML" not in err.what:
                 raise  # a value no tag can build, or nested too deeply: said as such, not passed on as text
             parsed = value  # not YAML syntax: the text itself, which the spec then judges
+        if not is_plain(parsed):
+            # A YAML date (2001-01-01) or !!binary value: no spec key takes one, and echoed into a what-if's JSON
+            # or trace it could not be written; the text itself, which the spec then judges.
+            parsed = value.strip()
         given = out.setdefault(scope, {})
         if name in given and given[name] != parsed:
             # The last one used to win silently, unlike a flag and a --set that disagree.

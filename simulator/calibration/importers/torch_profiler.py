@@ -129,7 +129,12 @@ def _numel(dims: Any) -> int:
 
 
 def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an integer beyond any float: a damaged field
+        return False
 
 
 def _well_formed(e: Any) -> bool:
@@ -156,8 +161,9 @@ def _ext_id(e: dict[str, Any]) -> int | str | None:
 
 
 def _shape(d: Any) -> list[int] | None:
-    """One tensor's dimensions: a list of whole numbers ≥ 0, else None (scalars, lists of tensors, garbage)."""
-    if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in d):
+    """One tensor's dimensions: a list of whole numbers from 0 to 2**53, else None (scalars, lists of tensors,
+    garbage: a larger dimension is a damaged field, whose FLOPs would overflow a float)."""
+    if isinstance(d, list) and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_COUNT for x in d):
         return d
     return None
 
@@ -247,6 +253,10 @@ def import_torch_trace(
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise CalibrationError(f"{path}: not a readable Chrome trace JSON ({err}); give {_WHAT}") from None
+    except ValueError:  # an integer of more than 4,300 digits (Python's int_max_str_digits)
+        raise CalibrationError(
+            f"{path}: not a readable Chrome trace JSON (it holds an integer of more than 4,300 digits); give {_WHAT}"
+        ) from None
     except RecursionError:
         raise CalibrationError(f"{path}: not a readable Chrome trace JSON (nested too deeply); give {_WHAT}") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
@@ -414,7 +424,7 @@ def _count(value: Any) -> int:
     whole numbers: a damaged field, whose byte size would overflow a float)."""
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
     return int(number) if math.isfinite(number) and 0 <= number <= MAX_COUNT else 0
 
@@ -476,7 +486,7 @@ def _group_members(args: dict[str, Any], group: int) -> tuple[int, ...]:
     if isinstance(listed, str):
         try:
             listed = json.loads(listed)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or an integer of more than 4,300 digits
             listed = None
     if isinstance(listed, list) and listed and all(isinstance(r, int) and not isinstance(r, bool) for r in listed):
         return tuple(r for r in listed if 0 <= r <= 2**31)

@@ -148,12 +148,23 @@ def _drop_note(path: Path, empty: list[str], negative: list[str]) -> str:
 MAX_SHAPE = 2**40
 
 
+def _float_or_nan(value: object) -> float:
+    """A cell as a float: inf for a number beyond any float (flagged as not finite), NaN for what is not a number."""
+    try:
+        return float(str(value))
+    except ValueError:
+        return math.nan
+
+
 def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool, whole: bool = False) -> None:
     """Make ``columns`` numeric in place; a cell that is not a finite number (``whole``: a whole number from 1 to
     :data:`MAX_SHAPE`; when ``required``, also an empty one) is a CalibrationError naming the file's line, the column
     and the value."""
     for col in columns:
-        values = pd.to_numeric(df[col], errors="coerce")
+        try:
+            values = pd.to_numeric(df[col], errors="coerce")
+        except OverflowError:  # pandas raises on an integer beyond any float rather than coercing it
+            values = pd.Series([_float_or_nan(v) for v in df[col]], index=df.index, dtype=float)
         bad = (values.isna() & (df[col].notna() | required)) | values.isin([np.inf, -np.inf])
         expected = "a number"
         if whole:
@@ -162,8 +173,10 @@ def _numbers(df: pd.DataFrame, path: Path, columns: list[str], *, required: bool
             expected = f"a whole number from 1 to {MAX_SHAPE}"
         if bad.any():
             pos = int(bad.to_numpy().argmax())
+            cell = str(df[col].iloc[pos])
+            shown = cell if len(cell) <= 40 else f"{cell[:40]}… ({len(cell)} characters)"
             raise CalibrationError(
-                f"{path}: line {pos + 2}, column {col!r}: expected {expected}, got '{df[col].iloc[pos]}'; "
+                f"{path}: line {pos + 2}, column {col!r}: expected {expected}, got '{shown}'; "
                 "fix the cell or remove the line"
             )
         df[col] = values

@@ -67,7 +67,7 @@ from simulator.errors import InfeasiblePlanError, SpecError, not_utf8
 from simulator.parallel.layout import batch_split_problem
 from simulator.run import precision_problem, simulate
 from simulator.specs._fields import MAX_COUNT, Fields
-from simulator.specs._yaml import load_yaml_file
+from simulator.specs._yaml import load_yaml_file, read_spec_bytes
 from simulator.specs.hardware import ClusterSpec
 from simulator.specs.library import builtin_roots, data_roots, load_cluster, load_model
 from simulator.specs.model import ModelSpec, MoESpec
@@ -810,8 +810,11 @@ MAX_CSV_BYTES = 64 * 2**20
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, read once (so that a pipe, /dev/stdin or <(...), can be validated too)."""
     try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_CSV_BYTES + 1)
+        return read_spec_bytes(
+            path,
+            MAX_CSV_BYTES,
+            ("hundreds of thousands of runs (the wrong file?)", "name a validation CSV, or split a larger one"),
+        )
     except FileNotFoundError:
         raise SpecError(str(path), "file not found", "check the path") from None
     except IsADirectoryError:
@@ -819,13 +822,6 @@ def _read_bytes(path: Path) -> bytes:
     except OSError as err:
         reason = err.strerror or err.__class__.__name__
         raise SpecError(str(path), f"cannot be read ({reason})", "check the path and its permissions") from None
-    if len(data) > MAX_CSV_BYTES:
-        raise SpecError(
-            str(path),
-            f"holds more than {MAX_CSV_BYTES // 2**20} MiB, hundreds of thousands of runs (the wrong file?)",
-            "name a validation CSV, or split a larger one",
-        )
-    return data
 
 
 def validate_file(

@@ -68,8 +68,11 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _finite(value: int | float) -> bool:
-    """Whether a number is finite as a float: an integer too large for one (YAML keeps every digit) is not."""
+def is_finite_number(value: Any) -> bool:
+    """Whether ``value`` is an int or float (not a bool) that is finite as a float: an integer too large for one
+    (YAML and JSON keep every digit) is not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
     try:
         return math.isfinite(value)
     except OverflowError:
@@ -273,7 +276,7 @@ class Fields:
             raise self.error(key, f"must be a list of numbers, got {_show(value)}", "write [0.5, 0.7]")
         out: list[float] = []
         for i, item in enumerate(value):
-            if isinstance(item, bool) or not isinstance(item, int | float) or not _finite(item):
+            if not is_finite_number(item):
                 raise self.error(f"{key}[{i}]", f"must be a finite number, got {_show(item)}", _number_fix(item, key))
             out.append(float(item))
         return tuple(out)

@@ -104,14 +104,16 @@ def load_yaml_text(text: str, where: str) -> Any:
 MAX_SPEC_BYTES = 64 * 2**20
 
 
-def read_spec_bytes(path: Path) -> bytes:
-    """The bytes of a spec file, at most :data:`MAX_SPEC_BYTES` (OSError as reading raises it)."""
+def read_spec_bytes(
+    path: Path, limit: int = MAX_SPEC_BYTES, too_big: tuple[str, str] = ("far more than a spec file", "check the path")
+) -> bytes:
+    """The bytes of a spec file, at most ``limit`` (OSError as reading raises it); a longer file is a SpecError
+    saying it holds more than ``limit`` MiB, then ``too_big``'s reason, with its fix."""
     with path.open("rb") as fh:
-        data = fh.read(MAX_SPEC_BYTES + 1)
-    if len(data) > MAX_SPEC_BYTES:
-        raise SpecError(
-            str(path), f"holds more than {MAX_SPEC_BYTES // 2**20} MiB, far more than a spec file", "check the path"
-        )
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        reason, fix = too_big
+        raise SpecError(str(path), f"holds more than {limit // 2**20} MiB, {reason}", fix)
     return data
 
 

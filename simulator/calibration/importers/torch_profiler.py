@@ -44,7 +44,7 @@ from typing import Any
 
 from simulator.calibration.rows import Measurement, read_text
 from simulator.errors import CalibrationError
-from simulator.specs._fields import MAX_COUNT
+from simulator.specs._fields import MAX_COUNT, is_finite_number
 
 __all__ = ["import_torch_trace"]
 
@@ -128,15 +128,6 @@ def _numel(dims: Any) -> int:
     return math.prod(int(d) for d in dims) if all(isinstance(d, int) for d in dims) else 0
 
 
-def _finite(x: Any) -> bool:
-    if not isinstance(x, int | float) or isinstance(x, bool):
-        return False
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an integer beyond any float: a damaged field
-        return False
-
-
 def _well_formed(e: Any) -> bool:
     """An event the importer can read: a name, finite ``ts`` and ``dur`` ≥ 0, ``args`` (if any) a mapping whose
     ``External id`` (if any) is an id. Anything else (a hand-edited or truncated trace) is skipped rather than
@@ -144,8 +135,8 @@ def _well_formed(e: Any) -> bool:
     if not (
         isinstance(e, dict)
         and isinstance(e.get("name"), str)
-        and _finite(e.get("ts"))
-        and _finite(e.get("dur"))
+        and is_finite_number(e.get("ts"))
+        and is_finite_number(e.get("dur"))
         and e["dur"] >= 0
         and isinstance(e.get("args", {}), dict)
     ):
